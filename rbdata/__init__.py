@@ -1,0 +1,34 @@
+"""rbdata: replay buffers and offline RL datasets as first-class PyTorch datasets.
+
+Storages are map-style :class:`torch.utils.data.Dataset` s, samplers are
+:class:`torch.utils.data.Sampler` s, writers choose slots, and :class:`ReplayBuffer`
+composes them.
+"""
+
+from rbdata import errors, samplers, storages, writers
+from rbdata.buffer import ReplayBuffer
+from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
+from rbdata.samplers import SamplerWithoutReplacement, UniformSampler
+from rbdata.storages import ListStorage, MemmapStorage, TensorStorage
+from rbdata.writers import ImmutableWriter, RoundRobinWriter
+
+__version__ = "0.1.0"
+
+__all__ = [
+    "EmptyBufferError",
+    "ImmutableWriter",
+    "ListStorage",
+    "MemmapStorage",
+    "MissingExtraError",
+    "ReadOnlyError",
+    "ReplayBuffer",
+    "RoundRobinWriter",
+    "SamplerWithoutReplacement",
+    "TensorStorage",
+    "UniformSampler",
+    "__version__",
+    "errors",
+    "samplers",
+    "storages",
+    "writers",
+]

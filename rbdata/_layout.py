@@ -1,0 +1,281 @@
+"""Layout of stored items: which leaves (keys), their per-item shapes and dtypes.
+
+A storage takes its layout from the first write and validates every later write
+against it *before* touching any data, so bad input leaves the storage as it was.
+The layout also turns gathered leaves back into the user's structure: a plain
+tensor, or a :class:`~tensordict.TensorDict` built once without re-validation.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+__all__ = ["Key", "Layout", "Leaf", "flatten", "is_structured", "stack_items"]
+
+Key = tuple[str, ...]
+
+_TENSOR_KIND = "tensor"
+_DICT_KIND = "tensordict"
+
+
+@dataclass(frozen=True)
+class Leaf:
+    """One stored field: its key path, per-item shape and dtype."""
+
+    key: Key
+    shape: tuple[int, ...]
+    dtype: torch.dtype
+
+    @property
+    def numel(self) -> int:
+        """Number of elements of one item of this leaf."""
+        return math.prod(self.shape)
+
+    @property
+    def name(self) -> str:
+        """Human-readable key, e.g. ``('next', 'reward')`` or ``'observation'``."""
+        return repr(self.key[0]) if len(self.key) == 1 else repr(self.key)
+
+
+def is_structured(data: Any) -> bool:
+    """Whether ``data`` is a tensor, array, TensorDict or mapping (i.e. storable in tensors)."""
+    return isinstance(data, (torch.Tensor, np.ndarray, TensorDictBase, Mapping))
+
+
+def _to_tensor(value: Any, name: str) -> torch.Tensor:
+    if isinstance(value, torch.Tensor):
+        return value
+    if isinstance(value, np.ndarray):
+        if value.dtype.kind not in "biufc":
+            raise TypeError(
+                f"key {name}: expected a numeric array, got an array of dtype {value.dtype}"
+            )
+        if not value.flags.writeable or not value.flags.c_contiguous:
+            value = np.ascontiguousarray(value).copy()
+        return torch.from_numpy(value)
+    if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, str):
+        return torch.as_tensor(value)
+    raise TypeError(f"key {name}: expected a tensor, array or number, got {type(value).__name__}")
+
+
+def _walk(data: Any, prefix: Key, out: dict[Key, Any]) -> None:
+    if type(data) is TensorDict:
+        items: Any = data._tensordict.items()  # exact TensorDict: its plain dict of entries
+    elif isinstance(data, TensorDictBase):
+        items = data.items()
+    else:
+        items = data.items()
+    for k, v in items:
+        key = (*prefix, k) if isinstance(k, str) else (*prefix, *k)
+        if isinstance(v, (Mapping, TensorDictBase)):
+            _walk(v, key, out)
+        else:
+            out[key] = v
+
+
+def flatten(data: Any) -> tuple[str, dict[Key, Any]]:
+    """Split ``data`` into its kind (``"tensor"`` or ``"tensordict"``) and leaves by key path.
+
+    Examples:
+        >>> kind, leaves = flatten({"a": torch.zeros(2), "next": {"b": torch.ones(2)}})
+        >>> kind, sorted(leaves)
+        ('tensordict', [('a',), ('next', 'b')])
+    """
+    if isinstance(data, (torch.Tensor, np.ndarray)):
+        return _TENSOR_KIND, {(): data}
+    if isinstance(data, (TensorDictBase, Mapping)):
+        out: dict[Key, Any] = {}
+        _walk(data, (), out)
+        if not out:
+            raise ValueError("data has no entries: expected at least one tensor")
+        return _DICT_KIND, out
+    raise TypeError(
+        "data must be a torch.Tensor, a numpy array, a TensorDict or a (nested) dict of "
+        f"tensors/arrays, got {type(data).__name__}"
+    )
+
+
+def stack_items(items: Sequence[Any]) -> Any:
+    """Stack a list of unbatched items (tensors, TensorDicts or dicts) into one batch."""
+    if not items:
+        raise ValueError("cannot extend with an empty list of items")
+    first = items[0]
+    if isinstance(first, (torch.Tensor, np.ndarray)):
+        return torch.stack([_to_tensor(x, "item") for x in items])
+    if isinstance(first, (TensorDictBase, Mapping)):
+        tds = [x if isinstance(x, TensorDictBase) else TensorDict(x, []) for x in items]
+        return torch.stack(tds)  # type: ignore[arg-type]  # TensorDict implements stack
+    raise TypeError(f"cannot stack items of type {type(first).__name__} into a batch")
+
+
+class Layout:
+    """The keys, per-item shapes and dtypes a storage holds.
+
+    Args:
+        kind: ``"tensor"`` for plain-tensor items, ``"tensordict"`` for dict-like items.
+        leaves: one :class:`Leaf` per stored field (a single leaf with key ``()`` for tensors).
+
+    Examples:
+        >>> layout = Layout.from_data({"obs": torch.zeros(8, 3)}, batched=True)
+        >>> [(leaf.key, leaf.shape, leaf.dtype) for leaf in layout.leaves]
+        [(('obs',), (3,), torch.float32)]
+    """
+
+    def __init__(self, kind: str, leaves: Sequence[Leaf]) -> None:
+        if kind not in (_TENSOR_KIND, _DICT_KIND):
+            raise ValueError(f"kind must be 'tensor' or 'tensordict', got {kind!r}")
+        self.kind = kind
+        self.leaves: tuple[Leaf, ...] = tuple(leaves)
+        self.keys: tuple[Key, ...] = tuple(leaf.key for leaf in self.leaves)
+        self._cast_ok: dict[tuple[torch.dtype, torch.dtype], bool] = {}
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, Layout) and self.kind == other.kind and self.leaves == other.leaves
+
+    def __hash__(self) -> int:
+        return hash((self.kind, self.leaves))
+
+    def __repr__(self) -> str:
+        fields = ", ".join(f"{leaf.name}: {leaf.dtype} {list(leaf.shape)}" for leaf in self.leaves)
+        return f"Layout({self.kind}; {fields})"
+
+    @property
+    def item_nbytes(self) -> int:
+        """Bytes of one item over all leaves."""
+        return sum(leaf.numel * leaf.dtype.itemsize for leaf in self.leaves)
+
+    # --- construction --------------------------------------------------------------------
+    @classmethod
+    def from_data(cls, data: Any, batched: bool) -> Layout:
+        """Infer the layout of ``data`` (a batch if ``batched``, else one item)."""
+        kind, flat = flatten(data)
+        leaves = []
+        for key, value in flat.items():
+            name = repr(key[0]) if len(key) == 1 else repr(key)
+            t = _to_tensor(value, name)
+            if batched and t.dim() == 0:
+                raise ValueError(
+                    f"key {name}: a batch needs a leading batch dimension, got a scalar"
+                )
+            shape = tuple(t.shape[1:] if batched else t.shape)
+            leaves.append(Leaf(key, shape, t.dtype))
+        return cls(kind, leaves)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-able description (keys, shapes, dtype names)."""
+        return {
+            "kind": self.kind,
+            "leaves": [
+                {"key": list(leaf.key), "shape": list(leaf.shape), "dtype": str(leaf.dtype)[6:]}
+                for leaf in self.leaves
+            ],
+        }
+
+    @classmethod
+    def from_json(cls, obj: Mapping[str, Any]) -> Layout:
+        """Rebuild a layout written by :meth:`to_json`; refuses unknown dtypes."""
+        leaves = []
+        for entry in obj["leaves"]:
+            dtype = getattr(torch, str(entry["dtype"]), None)
+            if not isinstance(dtype, torch.dtype):
+                raise ValueError(f"unknown dtype {entry['dtype']!r} in layout")
+            leaves.append(Leaf(tuple(entry["key"]), tuple(int(s) for s in entry["shape"]), dtype))
+        return cls(str(obj["kind"]), leaves)
+
+    # --- validation ----------------------------------------------------------------------
+    def _castable(self, given: torch.dtype, expected: torch.dtype) -> bool:
+        ok = self._cast_ok.get((given, expected))
+        if ok is None:
+            ok = self._cast_ok[(given, expected)] = torch.can_cast(given, expected)
+        return ok
+
+    def split(self, data: Any, batched: bool) -> tuple[list[torch.Tensor], int]:
+        """Validate ``data`` against the layout; return its leaves in layout order and its size.
+
+        Raises ``ValueError`` for a missing/unknown key or a wrong shape and
+        ``TypeError`` for a dtype that cannot be cast safely; nothing is written.
+        """
+        kind, flat = flatten(data)
+        if kind != self.kind:
+            expected = "a tensor" if self.kind == _TENSOR_KIND else "a TensorDict or dict"
+            raise ValueError(f"data: expected {expected} like the first write, got {kind}")
+        tensors: list[torch.Tensor] = []
+        n = -1
+        for leaf in self.leaves:
+            try:
+                value = flat.pop(leaf.key)
+            except KeyError:
+                raise ValueError(
+                    f"missing key {leaf.name}: expected keys {self._names(self.keys)}"
+                ) from None
+            t = value if type(value) is torch.Tensor else _to_tensor(value, leaf.name)
+            shape = t.shape
+            if batched:
+                if not shape:
+                    raise ValueError(f"key {leaf.name}: expected a batch, got a scalar")
+                item_shape = shape[1:]
+                if n < 0:
+                    n = shape[0]
+                elif shape[0] != n:
+                    raise ValueError(
+                        f"key {leaf.name}: expected batch size {n} like the other keys, "
+                        f"got {shape[0]}"
+                    )
+            else:
+                item_shape = shape
+            if item_shape != leaf.shape:
+                raise ValueError(
+                    f"key {leaf.name}: expected per-item shape {tuple(leaf.shape)}, "
+                    f"got {tuple(item_shape)}"
+                )
+            if t.dtype is not leaf.dtype and not self._castable(t.dtype, leaf.dtype):
+                raise TypeError(
+                    f"key {leaf.name}: expected dtype {leaf.dtype} (or one that casts safely "
+                    f"to it), got {t.dtype}"
+                )
+            tensors.append(t)
+        if flat:
+            raise ValueError(
+                f"unknown key {self._names(tuple(flat))[1:-1]}: expected keys "
+                f"{self._names(self.keys)}"
+            )
+        if isinstance(data, TensorDictBase) and batched and data.batch_dims:
+            n = data.batch_size[0]
+        return tensors, (n if batched else 1)
+
+    @staticmethod
+    def _names(keys: Sequence[Key]) -> str:
+        return "[" + ", ".join(repr(k[0]) if len(k) == 1 else repr(k) for k in keys) + "]"
+
+    # --- assembly ------------------------------------------------------------------------
+    def assemble(
+        self,
+        tensors: Sequence[torch.Tensor],
+        batch_size: torch.Size,
+        device: torch.device | None,
+        extra: Mapping[str, torch.Tensor] | None = None,
+    ) -> Any:
+        """Build the user-facing batch from leaves in layout order, without re-validation."""
+        if self.kind == _TENSOR_KIND:
+            return tensors[0]
+        source: dict[str, Any] = {}
+        for key, t in zip(self.keys, tensors, strict=True):
+            node = source
+            for part in key[:-1]:
+                node = node.setdefault(part, {})
+            node[key[-1]] = t
+        if extra:
+            source.update(extra)
+        return TensorDict._new_unsafe(
+            source=source,  # type: ignore[arg-type]  # nested dicts become sub-TensorDicts
+            batch_size=batch_size,
+            device=device,
+        )

@@ -1,0 +1,129 @@
+"""``ReplayBuffer``: a storage, a sampler, a writer and an optional transform, composed."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import torch
+
+from rbdata._index import as_index_tensor
+from rbdata.errors import EmptyBufferError
+from rbdata.samplers.base import Sampler, check_batch_size
+from rbdata.samplers.uniform import UniformSampler
+from rbdata.storages.base import Storage
+from rbdata.writers.base import Writer
+from rbdata.writers.round_robin import RoundRobinWriter
+
+__all__ = ["ReplayBuffer"]
+
+
+class ReplayBuffer:
+    """A replay buffer assembled from parts; it adds no data path of its own.
+
+    ``sample`` is sampler indices → ``storage`` gather → ``transform``: the same cost as
+    ``DataLoader(storage, batch_sampler=...)``. TensorDict batches carry an ``"index"`` entry
+    with the storage slot of each item.
+
+    Args:
+        storage: where items live (:mod:`rbdata.storages`).
+        sampler: which items to read; default :class:`~rbdata.samplers.UniformSampler`
+            (with replacement). A sampler whose ``data_source`` is ``None`` is bound to
+            ``storage``.
+        writer: where items go; default :class:`~rbdata.writers.RoundRobinWriter`.
+        transform: called on every sampled batch.
+        batch_size: default batch size of :meth:`sample` and of iteration.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> from rbdata.storages import TensorStorage
+        >>> rb = ReplayBuffer(storage=TensorStorage(1000), batch_size=4)
+        >>> rb.extend(TensorDict({"observation": torch.randn(10, 3)}, batch_size=[10])).shape
+        torch.Size([10])
+        >>> batch = rb.sample()
+        >>> batch.batch_size, batch["index"].shape
+        (torch.Size([4]), torch.Size([4]))
+    """
+
+    def __init__(
+        self,
+        storage: Storage,
+        sampler: Sampler | None = None,
+        writer: Writer | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        batch_size: int | None = None,
+    ) -> None:
+        if not isinstance(storage, Storage):
+            raise TypeError(f"storage must be an rbdata Storage, got {type(storage).__name__}")
+        if sampler is None:
+            sampler = UniformSampler(storage)
+        elif not callable(getattr(sampler, "sample", None)):
+            raise TypeError(
+                f"sampler must have a sample(batch_size) method, got {type(sampler).__name__}"
+            )
+        if getattr(sampler, "data_source", storage) is None:
+            sampler.data_source = storage
+        self.storage = storage
+        self.sampler = sampler
+        self.writer = RoundRobinWriter() if writer is None else writer
+        self.transform = transform
+        self.batch_size = None if batch_size is None else check_batch_size(batch_size)
+        # rbdata's samplers draw in-range indices by construction: skip the range check.
+        self._trusted = isinstance(sampler, Sampler) and sampler.data_source is storage
+
+    def __len__(self) -> int:
+        return len(self.storage)
+
+    def __repr__(self) -> str:
+        return (
+            f"ReplayBuffer(storage={self.storage!r}, sampler={type(self.sampler).__name__}, "
+            f"writer={type(self.writer).__name__}, batch_size={self.batch_size})"
+        )
+
+    def add(self, item: Any) -> int:
+        """Add one item (a tensor, TensorDict or dict without batch dimension); return its slot."""
+        return self.writer.add(self.storage, item)
+
+    def extend(self, data: Any) -> torch.Tensor:
+        """Add a batch (leading dimension = items); return the slots as a ``LongTensor``."""
+        return self.writer.extend(self.storage, data)
+
+    def _batch_size(self, batch_size: int | None) -> int:
+        if batch_size is not None:
+            return check_batch_size(batch_size)
+        if self.batch_size is None:
+            raise ValueError("batch_size: pass sample(batch_size) or ReplayBuffer(batch_size=...)")
+        return self.batch_size
+
+    def _fetch(self, idx: torch.Tensor) -> Any:
+        if not self._trusted:
+            idx = as_index_tensor(idx, len(self.storage), "buffer")
+        batch = self.storage._gather(idx, with_index=True)
+        transform = self.transform
+        return batch if transform is None else transform(batch)
+
+    def sample(self, batch_size: int | None = None) -> Any:
+        """Draw one batch (default size: the buffer's ``batch_size``)."""
+        bs = self._batch_size(batch_size)
+        if len(self.storage) == 0:
+            raise EmptyBufferError("cannot sample: the buffer is empty (add or extend first)")
+        return self._fetch(self.sampler.sample(bs))
+
+    def __iter__(self) -> Iterator[Any]:
+        """Batches of ``batch_size``: endless with replacement, one epoch without."""
+        bs = self._batch_size(None)
+        if len(self.storage) == 0:
+            raise EmptyBufferError("cannot iterate: the buffer is empty (add or extend first)")
+        batches = getattr(self.sampler, "batches", None)
+        it = batches(bs) if batches is not None else iter(lambda: self.sampler.sample(bs), None)
+        for idx in it:
+            yield self._fetch(idx)
+
+    def empty(self) -> None:
+        """Remove every item; the writer and the sampler start over."""
+        self.storage.clear()
+        self.writer.reset()
+        reset = getattr(self.sampler, "reset", None)
+        if reset is not None:
+            reset()

@@ -1,0 +1,27 @@
+"""Exceptions raised by rbdata.
+
+Bad input raises the built-in exception a Python user expects (``ValueError``,
+``TypeError``, ``IndexError``); the classes here cover the cases that have no
+natural built-in.
+"""
+
+from __future__ import annotations
+
+__all__ = ["EmptyBufferError", "MissingExtraError", "ReadOnlyError"]
+
+
+class EmptyBufferError(RuntimeError):
+    """Raised when sampling from a buffer or storage that holds no items."""
+
+
+class ReadOnlyError(RuntimeError):
+    """Raised on a write to a read-only buffer (``ImmutableWriter``)."""
+
+
+class MissingExtraError(ImportError):
+    """Raised when an optional dependency is missing; the message has the install line."""
+
+    def __init__(self, package: str, extra: str, feature: str) -> None:
+        super().__init__(
+            f"{feature} needs the optional dependency {package!r}: pip install 'rbdata[{extra}]'"
+        )

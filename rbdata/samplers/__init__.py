@@ -1,0 +1,7 @@
+"""Samplers: seeded, stateful :class:`torch.utils.data.Sampler` s of storage indices."""
+
+from rbdata.samplers.base import Sampler
+from rbdata.samplers.uniform import UniformSampler
+from rbdata.samplers.without_replacement import SamplerWithoutReplacement
+
+__all__ = ["Sampler", "SamplerWithoutReplacement", "UniformSampler"]

@@ -1,0 +1,71 @@
+"""``UniformSampler``: uniform indices, with or without replacement within a batch."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sized
+
+import torch
+
+from rbdata.samplers.base import Sampler
+
+__all__ = ["UniformSampler"]
+
+_CHUNK = 64
+
+
+class UniformSampler(Sampler):
+    """Uniform random indices over the filled part of the storage.
+
+    Args:
+        data_source: the storage to sample from (``None``: bound by the buffer).
+        replacement: draw with replacement. Without it, each batch has distinct indices
+            (batches are independent of each other).
+        num_samples: indices per iteration of ``iter(sampler)``; default ``len(data_source)``.
+        generator: random generator (``None``: a private one seeded from torch's global RNG).
+
+    Examples:
+        >>> import torch
+        >>> sampler = UniformSampler(range(10), generator=torch.Generator().manual_seed(0))
+        >>> sampler.sample(4).tolist()
+        [4, 9, 3, 0]
+    """
+
+    def __init__(
+        self,
+        data_source: Sized | None = None,
+        replacement: bool = True,
+        num_samples: int | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(data_source, generator)
+        self.replacement = replacement
+        if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
+            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+        self.num_samples = num_samples
+
+    def sample(self, batch_size: int) -> torch.Tensor:
+        """Draw ``batch_size`` indices."""
+        n = self._length()
+        if self.replacement:
+            return torch.randint(n, (batch_size,), generator=self.generator)
+        if batch_size > n:
+            raise ValueError(
+                f"batch_size {batch_size} is larger than the {n} items available for "
+                "sampling without replacement"
+            )
+        return torch.randperm(n, generator=self.generator)[:batch_size]
+
+    def __len__(self) -> int:
+        if self.num_samples is not None:
+            return self.num_samples
+        return len(self.data_source) if self.data_source is not None else 0
+
+    def __iter__(self) -> Iterator[int]:
+        n = self._length()
+        total = len(self)
+        if not self.replacement:
+            yield from torch.randperm(n, generator=self.generator)[:total].tolist()
+            return
+        for start in range(0, total, _CHUNK):
+            size = min(_CHUNK, total - start)
+            yield from torch.randint(n, (size,), generator=self.generator).tolist()

@@ -1,0 +1,8 @@
+"""Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
+
+from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.list import ListStorage
+from rbdata.storages.memmap import MemmapStorage
+from rbdata.storages.tensor import TensorStorage
+
+__all__ = ["ListStorage", "MemmapStorage", "Prepared", "Storage", "TensorStorage"]

@@ -1,0 +1,178 @@
+"""The storage contract: a map-style :class:`torch.utils.data.Dataset` of fixed capacity.
+
+The base class owns the public surface (indexing, ``__getitems__``, ``set``, validation and
+index normalisation); subclasses implement five small hooks over validated, normalised input.
+Writes are two-phase: :meth:`Storage.prepare` validates and converts the data (nothing is
+touched), :meth:`Storage.commit` writes it. Writers use the two phases to learn the batch
+size before choosing slots; ``set`` is both in one call.
+"""
+
+from __future__ import annotations
+
+import numbers
+from abc import abstractmethod
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import Dataset
+
+from rbdata._index import as_index_tensor, check_capacity, normalize_int
+from rbdata._layout import Layout, is_structured, stack_items
+
+__all__ = ["Prepared", "Storage", "WriteIndex"]
+
+#: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
+WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
+
+
+class Prepared:
+    """Validated data ready to be committed: leaves in layout order (or objects) and a size."""
+
+    __slots__ = ("batched", "layout", "n", "payload")
+
+    def __init__(self, payload: list[Any], n: int, layout: Layout | None, batched: bool) -> None:
+        self.payload = payload
+        self.n = n
+        self.layout = layout
+        self.batched = batched
+
+
+class Storage(Dataset[Any]):
+    """Base class of all storages: a fixed-capacity, map-style dataset of items.
+
+    Args:
+        max_size: capacity in items.
+        device: where the data lives (``None`` for CPU).
+    """
+
+    def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
+        self._capacity = check_capacity(max_size)
+        self._device = torch.device("cpu") if device is None else torch.device(device)
+        self._layout: Layout | None = None
+        self._length = 0
+
+    # --- public surface ------------------------------------------------------------------
+    @property
+    def capacity(self) -> int:
+        """Maximum number of items."""
+        return self._capacity
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the stored tensors."""
+        return self._device
+
+    @property
+    def layout(self) -> Layout | None:
+        """Keys, per-item shapes and dtypes, fixed by the first write (``None`` before it)."""
+        return self._layout
+
+    def __len__(self) -> int:
+        return self._length
+
+    def __repr__(self) -> str:
+        name = type(self).__name__
+        return f"{name}(len={len(self)}, capacity={self.capacity}, layout={self._layout})"
+
+    def __getitem__(self, index: Any) -> Any:
+        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+            return self._get(normalize_int(int(index), len(self)))
+        return self.__getitems__(index)
+
+    def __getitems__(self, indices: Any) -> Any:
+        """Return the items at ``indices`` as one batch, gathered in one vectorised read."""
+        idx = as_index_tensor(indices, len(self))
+        return self._gather(idx, with_index=False)
+
+    def set(self, index: WriteIndex, data: Any) -> None:
+        """Write ``data`` at ``index``: one item at an int, else a batch (leading dim = count).
+
+        Everything is validated before anything is written.
+        """
+        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+            prepared = self.prepare(data, batched=False)
+            self.commit(normalize_int(int(index), self.capacity, "storage capacity"), prepared)
+            return
+        prepared = self.prepare(data, batched=True)
+        target = self._write_target(index, prepared.n)
+        self.commit(target, prepared)
+
+    def clear(self) -> None:
+        """Forget all items (the layout and the allocated memory are kept)."""
+        self._set_length(0)
+
+    # --- two-phase writes ----------------------------------------------------------------
+    def prepare(self, data: Any, batched: bool) -> Prepared:
+        """Validate ``data`` against the layout (inferring it on the first write)."""
+        layout = self._current_layout()
+        if batched and isinstance(data, (list, tuple)) and data and is_structured(data[0]):
+            data = stack_items(data)
+        if layout is None:
+            layout = Layout.from_data(data, batched)
+        tensors, n = layout.split(data, batched)
+        return Prepared(list(tensors), n, layout, batched)
+
+    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+        """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
+        if self._layout is None and prepared.layout is not None:
+            self._allocate(prepared.layout)
+            self._layout = prepared.layout
+        if isinstance(index, int):
+            self._write_one(index, prepared.payload)
+            top = index + 1
+        else:
+            self._write(index, prepared.payload)
+            if isinstance(index, list):
+                top = max((run.stop for run in index), default=0)
+            else:
+                top = int(index.max()) + 1 if index.numel() else 0
+        if top > len(self):
+            self._set_length(top)
+
+    def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
+        cap = self.capacity
+        if isinstance(index, slice):
+            index = [slice(*index.indices(cap))]
+        if isinstance(index, list) and index and all(isinstance(s, slice) for s in index):
+            runs = []
+            for run in index:
+                start, stop, step = run.indices(cap)
+                if step != 1:
+                    return self._write_target(torch.arange(start, stop, step), n)
+                runs.append(slice(start, max(start, stop)))
+            count = sum(r.stop - r.start for r in runs)
+            if count != n:
+                raise ValueError(f"index: {count} slots for a batch of {n} items")
+            return runs
+        idx = as_index_tensor(index, cap, "storage capacity")
+        if idx.numel() != n:
+            raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
+        return idx
+
+    def _current_layout(self) -> Layout | None:
+        return self._layout
+
+    def _set_length(self, n: int) -> None:
+        self._length = n
+
+    # --- hooks ---------------------------------------------------------------------------
+    @abstractmethod
+    def _allocate(self, layout: Layout) -> None:
+        """Allocate memory for ``capacity`` items of ``layout`` (called on the first write)."""
+
+    @abstractmethod
+    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+        """Write a validated batch to contiguous runs or to a LongTensor of slots."""
+
+    @abstractmethod
+    def _write_one(self, index: int, payload: list[Any]) -> None:
+        """Write one validated item to slot ``index``."""
+
+    @abstractmethod
+    def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
+        """Return the items at in-range ``idx`` as one batch (``"index"`` entry if asked)."""
+
+    @abstractmethod
+    def _get(self, index: int) -> Any:
+        """Return the item at in-range ``index``."""

@@ -1,0 +1,126 @@
+"""``ListStorage``: a Python list of items of any type."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from torch.utils.data import default_collate
+
+from rbdata._layout import Layout, is_structured
+from rbdata.storages.base import Prepared, Storage
+
+__all__ = ["ListStorage"]
+
+
+def _collate(items: list[Any]) -> Any:
+    try:
+        return default_collate(items)
+    except (TypeError, RuntimeError):
+        return items
+
+
+class ListStorage(Storage):
+    """Items kept in a Python list: any object, no preallocation.
+
+    Tensors, TensorDicts and dicts of tensors are validated against the layout of the first
+    write like in the tensor storages and come back stacked; other objects are kept as they
+    are and come back collated by :func:`torch.utils.data.default_collate` where it can
+    (numbers, tuples of numbers), else as a list.
+
+    Args:
+        max_size: capacity in items.
+
+    Examples:
+        >>> storage = ListStorage(10)
+        >>> storage.set([0, 1], ["a string", {"any": "object"}])
+        >>> storage[1]
+        {'any': 'object'}
+    """
+
+    def __init__(self, max_size: int) -> None:
+        super().__init__(max_size)
+        self._items: list[Any] = []
+        self._objects = False
+
+    def prepare(self, data: Any, batched: bool) -> Prepared:
+        """Validate tensor-like data against the layout; take any other objects as they are."""
+        if self._objects or (self._layout is None and not self._is_tensor_like(data, batched)):
+            if not batched:
+                return Prepared([data], 1, None, batched)
+            if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
+                raise TypeError(
+                    f"data: expected a sequence of items for a batch of objects, "
+                    f"got {type(data).__name__}"
+                )
+            return Prepared(list(data), len(data), None, batched)
+        return super().prepare(data, batched)
+
+    @staticmethod
+    def _is_tensor_like(data: Any, batched: bool) -> bool:
+        if batched and isinstance(data, (list, tuple)):
+            return bool(data) and is_structured(data[0])
+        return is_structured(data)
+
+    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+        """Write prepared data; the first write of non-tensor objects fixes the object mode."""
+        if self._layout is None and prepared.layout is None:
+            self._objects = True
+        super().commit(index, prepared)
+
+    def _allocate(self, layout: Layout) -> None:
+        pass
+
+    def _rows(self, payload: list[Any], n: int, batched: bool) -> list[Any]:
+        if self._objects:
+            return payload
+        layout = self._layout
+        assert layout is not None
+        casted = [t.to(dtype=leaf.dtype) for t, leaf in zip(payload, layout.leaves, strict=True)]
+        if not batched:
+            return [casted]
+        return [[t[j] for t in casted] for j in range(n)]
+
+    def _positions(self, index: list[slice] | torch.Tensor) -> list[int]:
+        if isinstance(index, list):
+            return [i for run in index for i in range(run.start, run.stop)]
+        return index.tolist()
+
+    def _put(self, positions: list[int], rows: list[Any]) -> None:
+        items = self._items
+        if len(items) < self.capacity:
+            items.extend([None] * (self.capacity - len(items)))
+        for p, row in zip(positions, rows, strict=True):
+            items[p] = row
+
+    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+        positions = self._positions(index)
+        self._put(positions, self._rows(payload, len(positions), batched=True))
+
+    def _write_one(self, index: int, payload: list[Any]) -> None:
+        self._put([index], self._rows(payload, 1, batched=False))
+
+    def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
+        rows = [self._items[i] for i in idx.tolist()]
+        layout = self._layout
+        if layout is None:
+            return _collate(rows)
+        if rows:
+            tensors = [torch.stack([row[k] for row in rows]) for k in range(len(layout.leaves))]
+        else:
+            tensors = [torch.empty((0, *leaf.shape), dtype=leaf.dtype) for leaf in layout.leaves]
+        extra = {"index": idx} if with_index else None
+        return layout.assemble(tensors, torch.Size((len(rows),)), None, extra)
+
+    def _get(self, index: int) -> Any:
+        row = self._items[index]
+        layout = self._layout
+        if layout is None:
+            return row
+        return layout.assemble(row, torch.Size(), None)
+
+    def clear(self) -> None:
+        """Forget all items and drop the references to them."""
+        super().clear()
+        self._items = []

@@ -1,0 +1,233 @@
+"""``MemmapStorage``: one memory-mapped file per leaf, shareable across processes, reopenable.
+
+On disk, a storage directory holds:
+
+- ``layout.json``: format name and version, capacity, keys, per-item shapes, dtypes, file names;
+- one raw file per leaf (``capacity * item bytes``), written through tensordict's
+  :class:`~tensordict.MemoryMappedTensor`;
+- ``header.bin``: a 64-byte memory-mapped header whose first int64 is the filled length. It is
+  updated after the data of each write, in shared memory, so a write whose ``extend`` returned is
+  visible to :meth:`MemmapStorage.open` even if the writing process died right after.
+"""
+
+from __future__ import annotations
+
+import json
+import mmap
+import os
+import re
+import shutil
+import tempfile
+import weakref
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import MemoryMappedTensor
+
+from rbdata._layout import Layout
+from rbdata.storages.tensor import TensorStorage
+
+__all__ = ["MemmapStorage"]
+
+_FORMAT = "rbdata.memmap"
+_VERSION = 1
+_LAYOUT_FILE = "layout.json"
+_HEADER_FILE = "header.bin"
+_HEADER_BYTES = 64
+
+
+def _remove_dir(path: str, owner_pid: int) -> None:
+    # Forked DataLoader workers inherit the finalizer: only the creating process removes.
+    if os.getpid() == owner_pid:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _atomic_write_json(path: Path, obj: Any) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def _leaf_file(i: int, key: tuple[str, ...]) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", ".".join(key) or "data")[:64]
+    return f"{i:03d}-{safe}.bin"
+
+
+class _Header:
+    """A tiny shared, memory-mapped int64 array; slot 0 is the filled length."""
+
+    def __init__(self, path: Path, create: bool) -> None:
+        if create:
+            with open(path, "wb") as f:
+                f.write(b"\0" * _HEADER_BYTES)
+                f.flush()
+                os.fsync(f.fileno())
+        with open(path, "r+b") as f:
+            if os.fstat(f.fileno()).st_size != _HEADER_BYTES:
+                raise ValueError(f"{path}: expected a {_HEADER_BYTES}-byte header, file is corrupt")
+            self._mmap = mmap.mmap(f.fileno(), _HEADER_BYTES)
+        self.values = np.frombuffer(self._mmap, dtype=np.int64)
+
+    def close(self) -> None:
+        del self.values
+        self._mmap.close()
+
+
+class MemmapStorage(TensorStorage):
+    """Items in memory-mapped files, one per leaf, plus a JSON layout and a tiny header.
+
+    Args:
+        max_size: capacity in items.
+        path: directory for the files. ``None`` makes a temporary directory that is removed
+            when the storage is closed or garbage-collected; an explicit path is kept. An
+            explicit path that already holds files is refused: reopen it with
+            :meth:`MemmapStorage.open`.
+
+    Pickling (DataLoader workers, ``multiprocessing`` spawn) sends the path, not the data:
+    the receiving process maps the same files, so its writes are visible to the sender.
+
+    Examples:
+        >>> import torch
+        >>> storage = MemmapStorage(1000)
+        >>> storage.set([0, 1, 2], torch.arange(6.0).view(3, 2))
+        >>> reopened = MemmapStorage.open(storage.path)
+        >>> len(reopened), reopened[2].tolist()
+        (3, [4.0, 5.0])
+        >>> storage.close()
+    """
+
+    def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
+        super().__init__(max_size, device="cpu")
+        self._finalizer: weakref.finalize | None = None
+        if path is None:
+            root = Path(tempfile.mkdtemp(prefix="rbdata-memmap-"))
+            self._finalizer = weakref.finalize(self, _remove_dir, str(root), os.getpid())
+        else:
+            root = Path(path)
+            if root.exists() and (not root.is_dir() or any(root.iterdir())):
+                raise FileExistsError(
+                    f"path {str(root)!r} already holds data; reopen it with "
+                    f"MemmapStorage.open({str(root)!r}) or choose an empty directory"
+                )
+            root.mkdir(parents=True, exist_ok=True)
+        self._path = root
+        self._header = _Header(root / _HEADER_FILE, create=True)
+        _atomic_write_json(root / _LAYOUT_FILE, self._meta(None))
+
+    # --- opening, closing, pickling --------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> MemmapStorage:
+        """Reopen an existing storage directory read/write (e.g. after a restart).
+
+        File sizes are checked against the layout: a truncated or foreign file is refused.
+        """
+        root = Path(path)
+        meta_file = root / _LAYOUT_FILE
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{str(root)!r} is not a MemmapStorage: no {_LAYOUT_FILE}")
+        try:
+            meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        except (UnicodeDecodeError, json.JSONDecodeError) as err:
+            raise ValueError(f"{meta_file}: corrupt layout file ({err})") from err
+        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
+            raise ValueError(f"{meta_file}: not an {_FORMAT} layout")
+        if meta.get("version") != _VERSION:
+            raise ValueError(
+                f"{meta_file}: format version {meta.get('version')!r}, expected {_VERSION}"
+            )
+        self = cls.__new__(cls)
+        TensorStorage.__init__(self, int(meta["capacity"]), device="cpu")
+        self._finalizer = None
+        self._path = root
+        self._header = _Header(root / _HEADER_FILE, create=False)
+        self._load_layout(meta)
+        length = len(self)
+        if not 0 <= length <= self.capacity:
+            raise ValueError(f"{root}: header length {length} outside [0, {self.capacity}]")
+        return self
+
+    def _meta(self, layout: Layout | None) -> dict[str, Any]:
+        meta: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "capacity": self.capacity}
+        if layout is not None:
+            meta["layout"] = layout.to_json()
+            meta["files"] = [_leaf_file(i, leaf.key) for i, leaf in enumerate(layout.leaves)]
+        return meta
+
+    def _load_layout(self, meta: dict[str, Any]) -> None:
+        if "layout" not in meta:
+            return
+        layout = Layout.from_json(meta["layout"])
+        buffers = []
+        for name, leaf in zip(meta["files"], layout.leaves, strict=True):
+            file = self._path / name
+            expected = self.capacity * leaf.numel * leaf.dtype.itemsize
+            size = file.stat().st_size if file.is_file() else -1
+            if size != expected:
+                raise ValueError(
+                    f"{file}: {size} bytes on disk, expected {expected} for key {leaf.name} "
+                    f"(capacity {self.capacity} x {list(leaf.shape)} {leaf.dtype}); truncated or "
+                    "corrupt"
+                )
+            mmt = MemoryMappedTensor.from_filename(
+                str(file), leaf.dtype, (self.capacity, *leaf.shape)
+            )
+            buffers.append(mmt.as_subclass(torch.Tensor))
+        self._buffers = buffers
+        self._layout = layout
+
+    def _current_layout(self) -> Layout | None:
+        if self._layout is None:  # another process may have made the first write
+            self._load_layout(json.loads((self._path / _LAYOUT_FILE).read_text(encoding="utf-8")))
+        return self._layout
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"path": str(self._path)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        other = type(self).open(state["path"])
+        self.__dict__.update(other.__dict__)
+        other.__dict__.clear()
+
+    def close(self) -> None:
+        """Unmap the files; a temporary directory (``path=None``) is removed."""
+        self._buffers = []
+        self._layout = None
+        if getattr(self, "_header", None) is not None:
+            self._header.close()
+            self._header = None  # type: ignore[assignment]
+        if self._finalizer is not None:
+            self._finalizer()
+
+    @property
+    def path(self) -> Path:
+        """The storage directory."""
+        return self._path
+
+    # --- hooks -----------------------------------------------------------------------------
+    def __len__(self) -> int:
+        header = self._header
+        if header is None:
+            raise ValueError("the storage is closed")
+        n = int(header.values[0])
+        if n and self._layout is None:
+            self._current_layout()
+        return n
+
+    def _set_length(self, n: int) -> None:
+        self._header.values[0] = n
+
+    def _allocate(self, layout: Layout) -> None:
+        meta = self._meta(layout)
+        buffers = []
+        for name, leaf in zip(meta["files"], layout.leaves, strict=True):
+            mmt = MemoryMappedTensor.zeros(
+                (self.capacity, *leaf.shape), dtype=leaf.dtype, filename=str(self._path / name)
+            )
+            buffers.append(mmt.as_subclass(torch.Tensor))
+        self._buffers = buffers
+        _atomic_write_json(self._path / _LAYOUT_FILE, meta)

@@ -1,0 +1,84 @@
+"""``TensorStorage``: items in preallocated tensors, on CPU or CUDA."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rbdata._layout import Layout
+from rbdata.storages.base import Storage
+
+__all__ = ["TensorStorage"]
+
+
+class TensorStorage(Storage):
+    """Preallocated tensors, one per leaf, shaped ``[capacity, *item_shape]``.
+
+    The layout (keys, per-item shapes, dtypes) is taken from the first write. Reads
+    gather every leaf with one ``index_select`` and build the output once.
+
+    Args:
+        max_size: capacity in items.
+        device: where the tensors live (``None``: CPU; ``"cuda"`` for GPU memory).
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> storage = TensorStorage(100)
+        >>> storage.set(slice(0, 4), TensorDict({"obs": torch.arange(8.0).view(4, 2)}, [4]))
+        >>> len(storage), storage[[3, 0]]["obs"].tolist()
+        (4, [[6.0, 7.0], [0.0, 1.0]])
+    """
+
+    def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
+        super().__init__(max_size, device)
+        self._buffers: list[torch.Tensor] = []
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The backing tensors in layout order (views of all ``capacity`` slots)."""
+        return self._buffers
+
+    def _allocate(self, layout: Layout) -> None:
+        self._buffers = [
+            torch.zeros((self.capacity, *leaf.shape), dtype=leaf.dtype, device=self.device)
+            for leaf in layout.leaves
+        ]
+
+    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+        if isinstance(index, list):
+            if len(index) == 1:
+                run = index[0]
+                for buf, t in zip(self._buffers, payload, strict=True):
+                    buf[run].copy_(t)
+                return
+            offset = 0
+            for run in index:
+                stop = offset + run.stop - run.start
+                for buf, t in zip(self._buffers, payload, strict=True):
+                    buf[run].copy_(t[offset:stop])
+                offset = stop
+            return
+        idx = index.to(self.device)
+        for buf, t in zip(self._buffers, payload, strict=True):
+            buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
+
+    def _write_one(self, index: int, payload: list[Any]) -> None:
+        for buf, t in zip(self._buffers, payload, strict=True):
+            buf[index] = t
+
+    def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
+        layout = self._layout
+        if layout is None:
+            raise IndexError("the storage is empty")
+        if idx.device != self.device:
+            idx = idx.to(self.device)
+        tensors = [torch.index_select(buf, 0, idx) for buf in self._buffers]
+        extra = {"index": idx} if with_index else None
+        return layout.assemble(tensors, torch.Size((idx.shape[0],)), self.device, extra)
+
+    def _get(self, index: int) -> Any:
+        layout = self._layout
+        assert layout is not None  # len() > 0 implies a layout
+        return layout.assemble([buf[index] for buf in self._buffers], torch.Size(), self.device)

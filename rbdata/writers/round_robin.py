@@ -1,0 +1,71 @@
+"""``RoundRobinWriter``: a ring buffer that overwrites the oldest items."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from rbdata._index import ring_runs
+from rbdata.storages.base import Storage
+from rbdata.writers.base import Writer
+
+__all__ = ["RoundRobinWriter"]
+
+
+class RoundRobinWriter(Writer):
+    """Write at a cursor that wraps around at the storage capacity (FIFO overwrite).
+
+    A batch that wraps is written as at most two contiguous slice copies.
+
+    Examples:
+        >>> import torch
+        >>> from rbdata.storages import TensorStorage
+        >>> storage, writer = TensorStorage(4), RoundRobinWriter()
+        >>> writer.extend(storage, torch.zeros(3, 2)).tolist()
+        [0, 1, 2]
+        >>> writer.extend(storage, torch.ones(2, 2)).tolist()
+        [3, 0]
+    """
+
+    def __init__(self) -> None:
+        self._cursor = 0
+
+    @property
+    def cursor(self) -> int:
+        """The next slot to write."""
+        return self._cursor
+
+    def add(self, storage: Storage, item: Any) -> int:
+        """Write one item at the cursor; return its slot."""
+        index = self._cursor
+        storage.commit(index, storage.prepare(item, batched=False))
+        nxt = index + 1
+        self._cursor = nxt if nxt < storage.capacity else 0
+        return index
+
+    def extend(self, storage: Storage, data: Any) -> torch.Tensor:
+        """Write a batch at the cursor, wrapping around; return the slots written."""
+        prepared = storage.prepare(data, batched=True)
+        n, capacity = prepared.n, storage.capacity
+        if n > capacity:
+            raise ValueError(
+                f"data: a batch of {n} items is more than the storage capacity {capacity}"
+            )
+        start = self._cursor
+        storage.commit(ring_runs(start, n, capacity), prepared)
+        self._cursor = (start + n) % capacity
+        index = torch.arange(start, start + n)
+        return index.remainder_(capacity) if start + n > capacity else index
+
+    def reset(self) -> None:
+        """Restart writing at slot 0."""
+        self._cursor = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        """``{"cursor": int}``."""
+        return {"cursor": self._cursor}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the cursor."""
+        self._cursor = int(state["cursor"])
