@@ -46,8 +46,17 @@ class Leaf:
 
 
 def is_structured(data: Any) -> bool:
-    """Whether ``data`` is a tensor, array, TensorDict or mapping (i.e. storable in tensors)."""
-    return isinstance(data, (torch.Tensor, np.ndarray, TensorDictBase, Mapping))
+    """Whether ``data`` is a tensor, array, TensorDict or (nested) mapping of tensors/arrays.
+
+    Examples:
+        >>> is_structured({"a": torch.zeros(2)}), is_structured({"a": 1}), is_structured("s")
+        (True, False, False)
+    """
+    if isinstance(data, (torch.Tensor, np.ndarray, TensorDictBase)):
+        return True
+    if isinstance(data, Mapping):
+        return bool(data) and all(is_structured(v) for v in data.values())
+    return False
 
 
 def _to_tensor(value: Any, name: str) -> torch.Tensor:
