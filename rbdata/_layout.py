@@ -76,15 +76,13 @@ def _to_tensor(value: Any, name: str) -> torch.Tensor:
 
 
 def _walk(data: Any, prefix: Key, out: dict[Key, Any]) -> None:
-    if type(data) is TensorDict:
-        items: Any = data._tensordict.items()  # exact TensorDict: its plain dict of entries
-    elif isinstance(data, TensorDictBase):
-        items = data.items()
-    else:
-        items = data.items()
+    # exact TensorDict: read its plain dict of entries (the public items() is ~5x slower)
+    items = data._tensordict.items() if type(data) is TensorDict else data.items()
     for k, v in items:
-        key = (*prefix, k) if isinstance(k, str) else (*prefix, *k)
-        if isinstance(v, (Mapping, TensorDictBase)):
+        key = (*prefix, k) if type(k) is str else (*prefix, *k)
+        if type(v) is torch.Tensor:
+            out[key] = v
+        elif isinstance(v, (Mapping, TensorDictBase)):
             _walk(v, key, out)
         else:
             out[key] = v

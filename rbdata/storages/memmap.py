@@ -177,7 +177,7 @@ class MemmapStorage(TensorStorage):
                 str(file), leaf.dtype, (self.capacity, *leaf.shape)
             )
             buffers.append(mmt.as_subclass(torch.Tensor))
-        self._buffers = buffers
+        self._set_buffers(buffers, layout)
         self._layout = layout
 
     def _current_layout(self) -> Layout | None:
@@ -196,6 +196,8 @@ class MemmapStorage(TensorStorage):
     def close(self) -> None:
         """Unmap the files; a temporary directory (``path=None``) is removed."""
         self._buffers = []
+        self._np_buffers = None
+        self._plain = False
         self._layout = None
         if getattr(self, "_header", None) is not None:
             self._header.close()
@@ -229,5 +231,5 @@ class MemmapStorage(TensorStorage):
                 (self.capacity, *leaf.shape), dtype=leaf.dtype, filename=str(self._path / name)
             )
             buffers.append(mmt.as_subclass(torch.Tensor))
-        self._buffers = buffers
+        self._set_buffers(buffers, layout)
         _atomic_write_json(self._path / _LAYOUT_FILE, meta)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from rbdata._layout import Layout
@@ -34,6 +35,18 @@ class TensorStorage(Storage):
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         super().__init__(max_size, device)
         self._buffers: list[torch.Tensor] = []
+        # numpy views of CPU buffers: a one-row write through numpy costs ~half of torch's
+        # ``buf[i] = t`` (the per-step ``add`` path of online agents).
+        self._np_buffers: list[np.ndarray] | None = None
+        self._plain = False
+
+    def _set_buffers(self, buffers: list[torch.Tensor], layout: Layout) -> None:
+        self._buffers = buffers
+        self._plain = layout.kind == "tensor"
+        try:
+            self._np_buffers = [b.numpy() for b in buffers] if self.device.type == "cpu" else None
+        except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
+            self._np_buffers = None
 
     @property
     def buffers(self) -> list[torch.Tensor]:
@@ -41,10 +54,11 @@ class TensorStorage(Storage):
         return self._buffers
 
     def _allocate(self, layout: Layout) -> None:
-        self._buffers = [
+        buffers = [
             torch.zeros((self.capacity, *leaf.shape), dtype=leaf.dtype, device=self.device)
             for leaf in layout.leaves
         ]
+        self._set_buffers(buffers, layout)
 
     def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
         if isinstance(index, list):
@@ -65,15 +79,25 @@ class TensorStorage(Storage):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
+        arrays = self._np_buffers
+        if arrays is not None:
+            try:
+                for arr, t in zip(arrays, payload, strict=True):
+                    arr[index] = t.numpy()
+                return
+            except (RuntimeError, TypeError):  # grad, conj bit, CUDA source...: torch path
+                pass
         for buf, t in zip(self._buffers, payload, strict=True):
             buf[index] = t
 
     def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
+        if self._plain:  # plain-tensor items: one gather, nothing to assemble
+            return torch.index_select(self._buffers[0], 0, idx.to(self._device))
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
-        if idx.device != self.device:
-            idx = idx.to(self.device)
+        if idx.device != self._device:
+            idx = idx.to(self._device)
         tensors = [torch.index_select(buf, 0, idx) for buf in self._buffers]
         extra = {"index": idx} if with_index else None
         return layout.assemble(tensors, torch.Size((idx.shape[0],)), self.device, extra)
