@@ -24,7 +24,7 @@ def check_capacity(value: Any, name: str = "max_size") -> int:
     return int(value)
 
 
-def normalize_int(index: int, length: int, what: str = "storage") -> int:
+def normalize_int(index: int, length: int, what: str = "storage", measure: str = "length") -> int:
     """Map ``index`` (negative allowed) into ``[0, length)`` or raise ``IndexError``.
 
     Examples:
@@ -33,10 +33,12 @@ def normalize_int(index: int, length: int, what: str = "storage") -> int:
     """
     if -length <= index < length:
         return index + length if index < 0 else index
-    raise IndexError(f"index {index} is out of range for a {what} of length {length}")
+    raise IndexError(f"index {index} is out of range for a {what} of {measure} {length}")
 
 
-def as_index_tensor(indices: Any, length: int, what: str = "storage") -> torch.Tensor:
+def as_index_tensor(
+    indices: Any, length: int, what: str = "storage", measure: str = "length"
+) -> torch.Tensor:
     """Convert ints, lists, arrays or tensors of indices into a checked 1-D ``LongTensor``.
 
     Negative indices count from ``length``; anything outside ``[-length, length)``
@@ -61,7 +63,7 @@ def as_index_tensor(indices: Any, length: int, what: str = "storage") -> torch.T
     elif isinstance(indices, slice):
         return torch.arange(*indices.indices(length))
     elif isinstance(indices, numbers.Integral) and not isinstance(indices, bool):
-        return torch.tensor([normalize_int(int(indices), length, what)])
+        return torch.tensor([normalize_int(int(indices), length, what, measure)])
     elif isinstance(indices, Sequence) and not isinstance(indices, str):
         try:
             idx = torch.as_tensor(indices, dtype=torch.long)
@@ -77,7 +79,7 @@ def as_index_tensor(indices: Any, length: int, what: str = "storage") -> torch.T
     lo_i, hi_i = int(lo), int(hi)
     if lo_i < -length or hi_i >= length:
         bad = hi_i if hi_i >= length else lo_i
-        raise IndexError(f"index {bad} is out of range for a {what} of length {length}")
+        raise IndexError(f"index {bad} is out of range for a {what} of {measure} {length}")
     if lo_i < 0:
         idx = torch.where(idx < 0, idx + length, idx)
     return idx

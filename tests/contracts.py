@@ -215,6 +215,9 @@ class StorageContract:
         clone = pickle.loads(pickle.dumps(storage))
         assert len(clone) == 7 and clone.capacity == 10
         assert_rows_are(clone[list(range(7))], list(range(7)))
+        clone.set(7, transitions(1, 70)[0])  # the clone's one-row and batch paths agree
+        assert_rows_are(clone[[7, 0]], [70, 0])
+        assert_rows_are(clone[7].unsqueeze(0), [70])
 
     # --- bad input -------------------------------------------------------------------------
     def _snapshot(self, rb: ReplayBuffer) -> tuple[int, dict[str, Any], Any]:

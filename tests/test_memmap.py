@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from contracts import assert_rows_are, transitions
+from contracts import assert_rows_are, ring_model, transitions
 from torch.utils.data import DataLoader
 
 from rbdata import ReplayBuffer
@@ -48,6 +48,17 @@ def test_explicit_path_is_kept_and_reopened(tmp_path: Path) -> None:
     assert_rows_are(reopened[list(range(9))], list(range(9)))
     reopened.set(slice(9, 11), transitions(2, 9))  # read/write
     assert len(MemmapStorage.open(path)) == 11
+
+
+def test_buffer_over_reopened_storage_continues_the_ring(tmp_path: Path) -> None:
+    rb = ReplayBuffer(MemmapStorage(10, path=tmp_path / "rb"))
+    rb.extend(transitions(8))
+    rb.extend(transitions(5, 8))  # wraps: the next slot is 3
+    rb.storage.close()  # type: ignore[attr-defined]
+    again = ReplayBuffer(MemmapStorage.open(tmp_path / "rb"))
+    assert again.extend(transitions(2, 13)).tolist() == [3, 4]
+    slots, _ = ring_model(10, [8, 5, 2])
+    assert_rows_are(again.storage[list(range(10))], slots)  # type: ignore[arg-type]
 
 
 def test_explicit_path_with_data_is_refused(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ class Storage(Dataset[Any]):
         self._device = torch.device("cpu") if device is None else torch.device(device)
         self._layout: Layout | None = None
         self._length = 0
+        self._next = 0
 
     # --- public surface ------------------------------------------------------------------
     @property
@@ -70,6 +71,11 @@ class Storage(Dataset[Any]):
 
     def __len__(self) -> int:
         return self._length
+
+    @property
+    def next_slot(self) -> int:
+        """The slot after the last write: where a ring writer resumes (0 before any write)."""
+        return self._next
 
     def __repr__(self) -> str:
         name = type(self).__name__
@@ -92,7 +98,7 @@ class Storage(Dataset[Any]):
         """
         if isinstance(index, numbers.Integral) and not isinstance(index, bool):
             prepared = self.prepare(data, batched=False)
-            self.commit(normalize_int(int(index), self.capacity, "storage capacity"), prepared)
+            self.commit(normalize_int(int(index), self.capacity, "storage", "capacity"), prepared)
             return
         prepared = self.prepare(data, batched=True)
         target = self._write_target(index, prepared.n)
@@ -101,6 +107,7 @@ class Storage(Dataset[Any]):
     def clear(self) -> None:
         """Forget all items (the layout and the allocated memory are kept)."""
         self._set_length(0)
+        self._set_next(0)
 
     # --- two-phase writes ----------------------------------------------------------------
     def prepare(self, data: Any, batched: bool) -> Prepared:
@@ -120,15 +127,18 @@ class Storage(Dataset[Any]):
             self._layout = prepared.layout
         if isinstance(index, int):
             self._write_one(index, prepared.payload)
-            top = index + 1
+            top = last = index + 1
+        elif isinstance(index, list):
+            self._write(index, prepared.payload)
+            top = max((run.stop for run in index), default=0)
+            last = index[-1].stop if index else self.next_slot
         else:
             self._write(index, prepared.payload)
-            if isinstance(index, list):
-                top = max((run.stop for run in index), default=0)
-            else:
-                top = int(index.max()) + 1 if index.numel() else 0
+            top = int(index.max()) + 1 if index.numel() else 0
+            last = int(index[-1]) + 1 if index.numel() else self.next_slot
         if top > len(self):
             self._set_length(top)
+        self._set_next(last % self.capacity)
 
     def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
         cap = self.capacity
@@ -145,7 +155,7 @@ class Storage(Dataset[Any]):
             if count != n:
                 raise ValueError(f"index: {count} slots for a batch of {n} items")
             return runs
-        idx = as_index_tensor(index, cap, "storage capacity")
+        idx = as_index_tensor(index, cap, "storage", "capacity")
         if idx.numel() != n:
             raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
         return idx
@@ -155,6 +165,9 @@ class Storage(Dataset[Any]):
 
     def _set_length(self, n: int) -> None:
         self._length = n
+
+    def _set_next(self, slot: int) -> None:
+        self._next = slot
 
     # --- hooks ---------------------------------------------------------------------------
     @abstractmethod

@@ -5,9 +5,10 @@ On disk, a storage directory holds:
 - ``layout.json``: format name and version, capacity, keys, per-item shapes, dtypes, file names;
 - one raw file per leaf (``capacity * item bytes``), written through tensordict's
   :class:`~tensordict.MemoryMappedTensor`;
-- ``header.bin``: a 64-byte memory-mapped header whose first int64 is the filled length. It is
-  updated after the data of each write, in shared memory, so a write whose ``extend`` returned is
-  visible to :meth:`MemmapStorage.open` even if the writing process died right after.
+- ``header.bin``: a 64-byte memory-mapped header of int64s: the filled length, then the slot
+  after the last write (where a ring writer resumes). It is updated after the data of each
+  write, in shared memory, so a write whose ``extend`` returned is visible to
+  :meth:`MemmapStorage.open` even if the writing process died right after.
 """
 
 from __future__ import annotations
@@ -222,6 +223,14 @@ class MemmapStorage(TensorStorage):
 
     def _set_length(self, n: int) -> None:
         self._header.values[0] = n
+
+    @property
+    def next_slot(self) -> int:
+        """The slot after the last write, kept in the header: a ring writer resumes there."""
+        return int(self._header.values[1])
+
+    def _set_next(self, slot: int) -> None:
+        self._header.values[1] = slot
 
     def _allocate(self, layout: Layout) -> None:
         meta = self._meta(layout)

@@ -53,6 +53,16 @@ class TensorStorage(Storage):
         """The backing tensors in layout order (views of all ``capacity`` slots)."""
         return self._buffers
 
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["_np_buffers"] = None  # numpy views would pickle as copies: rebuild them
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        if self._layout is not None:
+            self._set_buffers(self._buffers, self._layout)
+
     def _allocate(self, layout: Layout) -> None:
         buffers = [
             torch.zeros((self.capacity, *leaf.shape), dtype=leaf.dtype, device=self.device)

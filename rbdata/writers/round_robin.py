@@ -29,16 +29,26 @@ class RoundRobinWriter(Writer):
     """
 
     def __init__(self) -> None:
-        self._cursor = 0
+        self._cursor: int | None = None
 
     @property
-    def cursor(self) -> int:
-        """The next slot to write."""
+    def cursor(self) -> int | None:
+        """The next slot to write.
+
+        ``None`` until the first write, which starts at the storage's ``next_slot``: a buffer
+        over a reopened storage continues its ring.
+        """
         return self._cursor
+
+    def _start(self, storage: Storage) -> int:
+        cursor = self._cursor
+        if cursor is None:
+            cursor = storage.next_slot if len(storage) else 0
+        return cursor
 
     def add(self, storage: Storage, item: Any) -> int:
         """Write one item at the cursor; return its slot."""
-        index = self._cursor
+        index = self._start(storage)
         storage.commit(index, storage.prepare(item, batched=False))
         nxt = index + 1
         self._cursor = nxt if nxt < storage.capacity else 0
@@ -52,7 +62,7 @@ class RoundRobinWriter(Writer):
             raise ValueError(
                 f"data: a batch of {n} items is more than the storage capacity {capacity}"
             )
-        start = self._cursor
+        start = self._start(storage)
         storage.commit(ring_runs(start, n, capacity), prepared)
         self._cursor = (start + n) % capacity
         index = torch.arange(start, start + n)
@@ -63,9 +73,10 @@ class RoundRobinWriter(Writer):
         self._cursor = 0
 
     def state_dict(self) -> dict[str, Any]:
-        """``{"cursor": int}``."""
+        """``{"cursor": int | None}``."""
         return {"cursor": self._cursor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore the cursor."""
-        self._cursor = int(state["cursor"])
+        cursor = state["cursor"]
+        self._cursor = None if cursor is None else int(cursor)
