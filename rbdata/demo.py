@@ -86,15 +86,6 @@ def load_sample(name: str = "cartpole-random-v0") -> TensorDict:
     return TensorDict(data, batch_size=[n])
 
 
-def _bytes_per_item(td: TensorDict) -> int:
-    total = 0
-    for leaf in td.values(include_nested=True, leaves_only=True):
-        if not isinstance(leaf, torch.Tensor):
-            raise TypeError(f"expected tensor leaves, got {type(leaf).__name__}")
-        total += leaf[0].numel() * leaf.element_size()
-    return total
-
-
 def _time_epoch(batches: Iterable[Any]) -> tuple[int, int, float]:
     """Consume ``batches``; return (batches, items, seconds), start-up included."""
     count = items = 0
@@ -147,7 +138,6 @@ def run_demo(
     name = "cartpole-random-v0"
     sample = load_sample(name)
     n = int(sample.batch_size[0])
-    item_bytes = _bytes_per_item(sample)
     storage = MemmapStorage(n)
     try:
         rb = ReplayBuffer(
@@ -156,6 +146,8 @@ def run_demo(
             batch_size=batch_size,
         )
         rb.extend(sample)
+        assert storage.layout is not None  # set by the first write
+        item_bytes = storage.layout.item_nbytes
         loader = DataLoader(
             rb.storage,
             batch_size=batch_size,
