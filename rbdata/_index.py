@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["as_index_tensor", "check_capacity", "normalize_int", "ring_runs"]
+__all__ = ["IndexBatch", "as_index_tensor", "check_capacity", "normalize_int", "ring_runs"]
 
 
 def check_capacity(value: Any, name: str = "max_size") -> int:
@@ -117,3 +117,17 @@ def ring_runs(cursor: int, n: int, capacity: int) -> list[slice]:
     if end <= capacity:
         return [slice(cursor, end)]
     return [slice(cursor, capacity), slice(0, end - capacity)]
+
+
+class IndexBatch(list[int]):
+    """A list of indices that also carries them as a tensor, with per-item extras.
+
+    :class:`BatchSampler` yields these; a storage's ``__getitems__`` recognises them and adds
+    ``"index"`` and the extras (e.g. ``"weight"``) to TensorDict batches, so a ``DataLoader``
+    batch carries what ``ReplayBuffer.sample`` carries. Pickles like a list (DataLoader workers).
+    """
+
+    def __init__(self, index: torch.Tensor, extras: dict[str, torch.Tensor] | None = None):
+        super().__init__(index.tolist())
+        self.tensor = index
+        self.extras = extras or {}

@@ -9,7 +9,7 @@ import torch
 
 from rbdata._index import as_index_tensor
 from rbdata.errors import EmptyBufferError
-from rbdata.samplers.base import Sampler, check_batch_size
+from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
 from rbdata.samplers.uniform import UniformSampler
 from rbdata.storages.base import Storage
 from rbdata.writers.base import Writer
@@ -71,6 +71,10 @@ class ReplayBuffer:
         self.batch_size = None if batch_size is None else check_batch_size(batch_size)
         # rbdata's samplers draw in-range indices by construction: skip the range check.
         self._trusted = isinstance(sampler, Sampler) and sampler.data_source is storage
+        # only samplers that override on_write pay a call per add
+        self._hooked = (
+            isinstance(sampler, Sampler) and type(sampler).on_write is not Sampler.on_write
+        )
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -83,11 +87,30 @@ class ReplayBuffer:
 
     def add(self, item: Any) -> int:
         """Add one item (a tensor, TensorDict or dict without batch dimension); return its slot."""
-        return self.writer.add(self.storage, item)
+        index = self.writer.add(self.storage, item)
+        if self._hooked:
+            self.sampler.on_write(index, item)
+        return index
 
     def extend(self, data: Any) -> torch.Tensor:
         """Add a batch (leading dimension = items); return the slots as a ``LongTensor``."""
-        return self.writer.extend(self.storage, data)
+        index = self.writer.extend(self.storage, data)
+        if self._hooked:
+            self.sampler.on_write(index, data)
+        return index
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Set the priority of the items at ``index`` (for a prioritized sampler).
+
+        Accepts tensors, arrays, lists or scalars; see
+        :meth:`~rbdata.samplers.PrioritizedSampler.update_priority`.
+        """
+        update = getattr(self.sampler, "update_priority", None)
+        if update is None:
+            raise TypeError(
+                f"{type(self.sampler).__name__} has no priorities: use a PrioritizedSampler"
+            )
+        update(index, priority)
 
     def _batch_size(self, batch_size: int | None) -> int:
         if batch_size is not None:
@@ -96,29 +119,40 @@ class ReplayBuffer:
             raise ValueError("batch_size: pass sample(batch_size) or ReplayBuffer(batch_size=...)")
         return self.batch_size
 
-    def _fetch(self, idx: torch.Tensor) -> Any:
+    def _fetch(self, idx: torch.Tensor, extras: dict[str, torch.Tensor] | None) -> Any:
         if not self._trusted:
             idx = as_index_tensor(idx, len(self.storage), "buffer")
-        batch = self.storage._gather(idx, with_index=True)
+        extra = {"index": idx}
+        if extras:
+            extra.update(extras)
+        batch = self.storage._gather(idx, extra)
         transform = self.transform
         return batch if transform is None else transform(batch)
 
     def sample(self, batch_size: int | None = None) -> Any:
-        """Draw one batch (default size: the buffer's ``batch_size``)."""
+        """Draw one batch (default size: the buffer's ``batch_size``).
+
+        TensorDict batches carry ``"index"`` and the sampler's extras (e.g. ``"weight"``).
+        """
         bs = self._batch_size(batch_size)
-        if not self._trusted and len(self.storage) == 0:  # rbdata samplers raise it themselves
+        if self._trusted:  # rbdata samplers raise EmptyBufferError themselves
+            idx, extras = self.sampler.draw(bs)
+            return self._fetch(idx, extras)
+        if len(self.storage) == 0:
             raise EmptyBufferError("cannot sample: the buffer is empty (add or extend first)")
-        return self._fetch(self.sampler.sample(bs))
+        return self._fetch(self.sampler.sample(bs), None)
 
     def __iter__(self) -> Iterator[Any]:
-        """Batches of ``batch_size``: endless with replacement, one epoch without."""
+        """Batches of ``batch_size``: endless, or one epoch for epoch samplers."""
         bs = self._batch_size(None)
         if len(self.storage) == 0:
             raise EmptyBufferError("cannot iterate: the buffer is empty (add or extend first)")
-        batches = getattr(self.sampler, "batches", None)
-        it = batches(bs) if batches is not None else iter(lambda: self.sampler.sample(bs), None)
-        for idx in it:
-            yield self._fetch(idx)
+        if isinstance(self.sampler, Sampler):
+            for idx, extras in BatchSampler(self.sampler, bs).draws():
+                yield self._fetch(idx, extras)
+        else:
+            while True:
+                yield self._fetch(self.sampler.sample(bs), None)
 
     def empty(self) -> None:
         """Remove every item; the writer and the sampler start over."""

@@ -1,4 +1,12 @@
-"""The sampler contract: a seeded, stateful :class:`torch.utils.data.Sampler` of storage indices."""
+"""The sampler contract: a seeded, stateful :class:`torch.utils.data.Sampler` of storage indices.
+
+A sampler draws whole batches with :meth:`Sampler.draw` (indices plus per-item extras such as
+importance weights) and :meth:`Sampler.sample` (indices only). Iterating it yields ints, so it
+plugs into ``DataLoader(storage, sampler=s, batch_size=B)``; :class:`BatchSampler` yields one
+index batch per step for ``DataLoader(storage, batch_sampler=...)``. Both iterators are
+*stateful* in torchdata's sense and draw lazily, so ``StatefulDataLoader`` resumes mid-epoch with
+exactly the batches it would have produced.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +17,16 @@ from typing import Any
 import torch
 from torch.utils.data import Sampler as TorchSampler
 
+from rbdata._index import IndexBatch
 from rbdata.errors import EmptyBufferError
 
-__all__ = ["Sampler", "check_batch_size", "default_generator"]
+__all__ = [
+    "BatchSampler",
+    "IndexBatch",
+    "Sampler",
+    "check_batch_size",
+    "default_generator",
+]
 
 
 def default_generator() -> torch.Generator:
@@ -35,8 +50,67 @@ def check_batch_size(batch_size: Any) -> int:
     return batch_size
 
 
+class _SampleIterator(Iterator[Any]):
+    """Lazy, stateful iterator over a sampler's draws (ints or index batches).
+
+    Nothing is drawn before the first ``next``: torchdata creates a fresh iterator *after*
+    restoring the sampler's state and then restores the iterator's, so an eager draw would
+    advance the generator. Drawn-but-unyielded ints are part of the state.
+    """
+
+    def __init__(
+        self, sampler: Sampler, total: int | None, batch_size: int | None, wrap: bool = True
+    ) -> None:
+        self.sampler = sampler
+        self.wrap = wrap  # batches as IndexBatch (for DataLoader) or (index, extras) tuples
+        self.remaining = total  # None: endless
+        self.batch_size = batch_size  # None: yield ints
+        self.pending: list[int] = []
+        self.started = False
+
+    def __iter__(self) -> _SampleIterator:
+        return self
+
+    def __next__(self) -> Any:
+        if not self.started:
+            self.started = True
+            self.sampler._begin_iter()
+        if self.batch_size is None:
+            if not self.pending:
+                if self.remaining is not None and self.remaining <= 0:
+                    raise StopIteration
+                k = self.sampler._iter_chunk
+                if self.remaining is not None:
+                    k = min(k, self.remaining)
+                    self.remaining -= k
+                self.pending = self.sampler.sample(k).tolist()[::-1]
+            return self.pending.pop()
+        if self.remaining is not None:
+            if self.remaining <= 0:
+                raise StopIteration
+            self.remaining -= 1
+        elif self.sampler._epoch_over(self.batch_size):
+            raise StopIteration
+        idx, extras = self.sampler.draw(self.batch_size)
+        return IndexBatch(idx, extras) if self.wrap else (idx, extras)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "remaining": self.remaining,
+            "pending": list(self.pending),
+            "started": self.started,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.remaining = state["remaining"]
+        self.pending = list(state["pending"])
+        self.started = bool(state["started"])
+
+
 class Sampler(TorchSampler[int]):
     """Base class: iterate indices like any torch sampler, or draw a batch with ``sample``.
+
+    Subclasses implement :meth:`draw`; the base owns iteration, state and validation.
 
     Args:
         data_source: the storage (anything with ``__len__``) to sample from; ``None`` lets a
@@ -44,6 +118,11 @@ class Sampler(TorchSampler[int]):
         generator: the random generator; ``None`` creates a private one seeded from torch's
             global RNG. Its state is part of :meth:`state_dict`.
     """
+
+    #: ints drawn at a time when iterating the sampler itself
+    _iter_chunk = 64
+    #: whether iteration ends with an epoch (else a buffer iterates forever)
+    epoch_based = False
 
     def __init__(self, data_source: Sized | None, generator: torch.Generator | None) -> None:
         self.data_source = data_source
@@ -61,16 +140,31 @@ class Sampler(TorchSampler[int]):
         return n
 
     @abstractmethod
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Draw one batch: a ``LongTensor`` of indices and per-item extras (may be empty)."""
+
     def sample(self, batch_size: int) -> torch.Tensor:
         """Draw one batch of ``batch_size`` indices as a ``LongTensor``."""
+        return self.draw(batch_size)[0]
 
-    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
-        """Index batches for ``for batch in buffer``: endless unless the sampler has epochs."""
-        while True:
-            yield self.sample(batch_size)
+    def on_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Called by the buffer after ``data`` was written at ``index`` (an int or a tensor)."""
 
     def reset(self) -> None:
-        """Forget any epoch position (called by ``ReplayBuffer.empty``)."""
+        """Forget everything about the data (called by ``ReplayBuffer.empty``)."""
+
+    def _begin_iter(self) -> None:
+        """Called at the first draw of an iterator (epoch samplers start a fresh epoch)."""
+
+    def _epoch_over(self, batch_size: int) -> bool:
+        """Whether a batch iterator started by :meth:`_begin_iter` has reached its end."""
+        return False
+
+    def __len__(self) -> int:
+        return len(self.data_source) if self.data_source is not None else 0
+
+    def __iter__(self) -> Iterator[int]:
+        return _SampleIterator(self, total=len(self), batch_size=None)
 
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state, including its generator."""
@@ -79,3 +173,56 @@ class Sampler(TorchSampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`."""
         self.generator.set_state(state["generator"])
+
+
+class BatchSampler(TorchSampler[list[int]]):
+    """One index batch per step from ``sampler.draw(batch_size)``, for ``batch_sampler=``.
+
+    Epoch samplers (:class:`~rbdata.samplers.SamplerWithoutReplacement`) give one epoch per
+    iteration; the others go on for ``num_batches`` batches (forever if ``None``). Each batch is
+    an :class:`IndexBatch`, so ``DataLoader(storage, batch_sampler=...)`` batches carry
+    ``"index"`` and the sampler's extras (e.g. ``"weight"``).
+
+    Args:
+        sampler: an rbdata sampler.
+        batch_size: indices per batch.
+        num_batches: batches per iteration for non-epoch samplers (``None``: endless).
+
+    Examples:
+        >>> import torch
+        >>> from rbdata.samplers import UniformSampler
+        >>> batches = BatchSampler(UniformSampler(range(100)), batch_size=4, num_batches=2)
+        >>> [len(b) for b in batches]
+        [4, 4]
+    """
+
+    def __init__(self, sampler: Sampler, batch_size: int, num_batches: int | None = None):
+        self.sampler = sampler
+        self.batch_size = check_batch_size(batch_size)
+        if num_batches is not None and (not isinstance(num_batches, int) or num_batches <= 0):
+            raise ValueError(f"num_batches must be a positive integer, got {num_batches!r}")
+        self.num_batches = num_batches
+
+    def __iter__(self) -> Iterator[list[int]]:
+        total = None if self.sampler.epoch_based else self.num_batches
+        return _SampleIterator(self.sampler, total=total, batch_size=self.batch_size)
+
+    def draws(self) -> Iterator[tuple[torch.Tensor, dict[str, torch.Tensor]]]:
+        """Like iteration, but yield ``(index, extras)`` tensors (no Python list of ints)."""
+        total = None if self.sampler.epoch_based else self.num_batches
+        return _SampleIterator(self.sampler, total=total, batch_size=self.batch_size, wrap=False)
+
+    def __len__(self) -> int:
+        if self.sampler.epoch_based:
+            return self.sampler._epoch_batches(self.batch_size)  # type: ignore[attr-defined]
+        if self.num_batches is None:
+            raise TypeError("an endless BatchSampler (num_batches=None) has no len()")
+        return self.num_batches
+
+    def state_dict(self) -> dict[str, Any]:
+        """The wrapped sampler's state."""
+        return self.sampler.state_dict()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore the wrapped sampler's state."""
+        self.sampler.load_state_dict(state)

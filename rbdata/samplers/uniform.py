@@ -2,15 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+from collections.abc import Sized
 
 import torch
 
 from rbdata.samplers.base import Sampler
 
 __all__ = ["UniformSampler"]
-
-_CHUNK = 64
 
 
 class UniformSampler(Sampler):
@@ -43,6 +41,10 @@ class UniformSampler(Sampler):
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         self.num_samples = num_samples
 
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Draw ``batch_size`` indices (no extras)."""
+        return self.sample(batch_size), {}
+
     def sample(self, batch_size: int) -> torch.Tensor:
         """Draw ``batch_size`` indices."""
         n = self._length()
@@ -58,14 +60,4 @@ class UniformSampler(Sampler):
     def __len__(self) -> int:
         if self.num_samples is not None:
             return self.num_samples
-        return len(self.data_source) if self.data_source is not None else 0
-
-    def __iter__(self) -> Iterator[int]:
-        n = self._length()
-        total = len(self)
-        if not self.replacement:
-            yield from torch.randperm(n, generator=self.generator)[:total].tolist()
-            return
-        for start in range(0, total, _CHUNK):
-            size = min(_CHUNK, total - start)
-            yield from torch.randint(n, (size,), generator=self.generator).tolist()
+        return super().__len__()

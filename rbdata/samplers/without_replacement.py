@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sized
+import math
+from collections.abc import Sized
 from typing import Any
 
 import torch
@@ -17,8 +18,9 @@ class SamplerWithoutReplacement(Sampler):
 
     ``sample(batch_size)`` hands out consecutive slices of the epoch's permutation. The last
     batch of an epoch is shorter unless ``drop_last``, in which case it is skipped. Items added
-    during an epoch join the next one. Iterating a :class:`~rbdata.ReplayBuffer` with this
-    sampler runs one epoch.
+    during an epoch join the next one. Iterating the sampler, a
+    :class:`~rbdata.samplers.BatchSampler` over it, or a :class:`~rbdata.ReplayBuffer` using
+    it runs one fresh epoch.
 
     Args:
         data_source: the storage to sample from (``None``: bound by the buffer).
@@ -33,6 +35,8 @@ class SamplerWithoutReplacement(Sampler):
         [0, 1, 2, 3, 4]
     """
 
+    epoch_based = True
+
     def __init__(
         self,
         data_source: Sized | None = None,
@@ -44,41 +48,39 @@ class SamplerWithoutReplacement(Sampler):
         self._perm: torch.Tensor | None = None
         self._pos = 0
 
-    def _epoch_done(self, batch_size: int) -> bool:
+    def _epoch_over(self, batch_size: int) -> bool:
         perm = self._perm
         if perm is None:
             return True
         remaining = perm.shape[0] - self._pos
         return remaining <= 0 or (self.drop_last and remaining < batch_size)
 
-    def sample(self, batch_size: int) -> torch.Tensor:
+    def _new_epoch(self) -> None:
+        n = self._length()
+        self._perm = torch.randperm(n, generator=self.generator)
+        self._pos = 0
+
+    def _begin_iter(self) -> None:
+        self._new_epoch()
+
+    def _epoch_batches(self, batch_size: int) -> int:
+        n = len(self)
+        return n // batch_size if self.drop_last else math.ceil(n / batch_size)
+
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The next ``batch_size`` indices of the epoch (a new epoch starts when it ends)."""
-        if self._epoch_done(batch_size):
-            n = self._length()
-            if self.drop_last and batch_size > n:
+        if self._epoch_over(batch_size):
+            if self.drop_last and batch_size > self._length():
                 raise ValueError(
-                    f"batch_size {batch_size} is larger than the {n} items in the buffer, "
-                    "so drop_last=True leaves no batch"
+                    f"batch_size {batch_size} is larger than the {self._length()} items in the "
+                    "buffer, so drop_last=True leaves no batch"
                 )
-            self._perm = torch.randperm(n, generator=self.generator)
-            self._pos = 0
+            self._new_epoch()
         perm = self._perm
-        assert perm is not None
+        assert perm is not None  # set by _new_epoch
         out = perm[self._pos : self._pos + batch_size]
         self._pos += out.shape[0]
-        return out
-
-    def batches(self, batch_size: int) -> Iterator[torch.Tensor]:
-        """The remaining batches of the current epoch (or of a new one if it has ended)."""
-        yield self.sample(batch_size)
-        while not self._epoch_done(batch_size):
-            yield self.sample(batch_size)
-
-    def __len__(self) -> int:
-        return len(self.data_source) if self.data_source is not None else 0
-
-    def __iter__(self) -> Iterator[int]:
-        yield from torch.randperm(self._length(), generator=self.generator).tolist()
+        return out, {}
 
     def reset(self) -> None:
         """End the current epoch."""

@@ -17,7 +17,7 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from rbdata._index import as_index_tensor, check_capacity, normalize_int
+from rbdata._index import IndexBatch, as_index_tensor, check_capacity, normalize_int
 from rbdata._layout import Layout, is_structured, stack_items
 
 __all__ = ["Prepared", "Storage", "WriteIndex"]
@@ -87,9 +87,15 @@ class Storage(Dataset[Any]):
         return self.__getitems__(index)
 
     def __getitems__(self, indices: Any) -> Any:
-        """Return the items at ``indices`` as one batch, gathered in one vectorised read."""
-        idx = as_index_tensor(indices, len(self))
-        return self._gather(idx, with_index=False)
+        """Return the items at ``indices`` as one batch, gathered in one vectorised read.
+
+        An :class:`~rbdata._index.IndexBatch` (what rbdata's ``BatchSampler`` yields) adds
+        ``"index"`` and the sampler's extras (e.g. ``"weight"``) to TensorDict batches.
+        """
+        if type(indices) is IndexBatch:
+            idx = as_index_tensor(indices.tensor, len(self))
+            return self._gather(idx, {"index": idx, **indices.extras})
+        return self._gather(as_index_tensor(indices, len(self)), None)
 
     def set(self, index: WriteIndex, data: Any) -> None:
         """Write ``data`` at ``index``: one item at an int, else a batch (leading dim = count).
@@ -183,8 +189,8 @@ class Storage(Dataset[Any]):
         """Write one validated item to slot ``index``."""
 
     @abstractmethod
-    def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
-        """Return the items at in-range ``idx`` as one batch (``"index"`` entry if asked)."""
+    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """Return the items at in-range ``idx`` as one batch (and ``extra`` if dict-like)."""
 
     @abstractmethod
     def _get(self, index: int) -> Any:

@@ -101,7 +101,7 @@ class ListStorage(Storage):
     def _write_one(self, index: int, payload: list[Any]) -> None:
         self._put([index], self._rows(payload, 1, batched=False))
 
-    def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
+    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         rows = [self._items[i] for i in idx.tolist()]
         layout = self._layout
         if layout is None:
@@ -110,7 +110,8 @@ class ListStorage(Storage):
             tensors = [torch.stack([row[k] for row in rows]) for k in range(len(layout.leaves))]
         else:
             tensors = [torch.empty((0, *leaf.shape), dtype=leaf.dtype) for leaf in layout.leaves]
-        extra = {"index": idx} if with_index else None
+        if extra:
+            extra = {key: value.cpu() for key, value in extra.items()}
         return layout.assemble(tensors, torch.Size((len(rows),)), None, extra)
 
     def _get(self, index: int) -> Any:

@@ -100,7 +100,7 @@ class TensorStorage(Storage):
         for buf, t in zip(self._buffers, payload, strict=True):
             buf[index] = t
 
-    def _gather(self, idx: torch.Tensor, with_index: bool) -> Any:
+    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         if self._plain:  # plain-tensor items: one gather, nothing to assemble
             return torch.index_select(self._buffers[0], 0, idx.to(self._device))
         layout = self._layout
@@ -109,7 +109,10 @@ class TensorStorage(Storage):
         if idx.device != self._device:
             idx = idx.to(self._device)
         tensors = [torch.index_select(buf, 0, idx) for buf in self._buffers]
-        extra = {"index": idx} if with_index else None
+        if extra:
+            for key, value in extra.items():
+                if value.device != self._device:
+                    extra[key] = value.to(self._device)
         return layout.assemble(tensors, torch.Size((idx.shape[0],)), self.device, extra)
 
     def _get(self, index: int) -> Any:
