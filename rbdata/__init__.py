@@ -8,18 +8,25 @@ composes them.
 from rbdata import errors, samplers, storages, writers
 from rbdata.buffer import ReplayBuffer
 from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
-from rbdata.samplers import SamplerWithoutReplacement, UniformSampler
+from rbdata.samplers import (
+    BatchSampler,
+    PrioritizedSampler,
+    SamplerWithoutReplacement,
+    UniformSampler,
+)
 from rbdata.storages import ListStorage, MemmapStorage, TensorStorage
 from rbdata.writers import ImmutableWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
 
 __all__ = [
+    "BatchSampler",
     "EmptyBufferError",
     "ImmutableWriter",
     "ListStorage",
     "MemmapStorage",
     "MissingExtraError",
+    "PrioritizedSampler",
     "ReadOnlyError",
     "ReplayBuffer",
     "RoundRobinWriter",

@@ -62,7 +62,9 @@ class ReplayBuffer:
             raise TypeError(
                 f"sampler must have a sample(batch_size) method, got {type(sampler).__name__}"
             )
-        if getattr(sampler, "data_source", storage) is None:
+        if isinstance(sampler, Sampler):
+            sampler.attach(storage)
+        elif getattr(sampler, "data_source", storage) is None:
             sampler.data_source = storage
         self.storage = storage
         self.sampler = sampler

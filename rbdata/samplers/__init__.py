@@ -1,7 +1,14 @@
 """Samplers: seeded, stateful :class:`torch.utils.data.Sampler` s of storage indices."""
 
-from rbdata.samplers.base import Sampler
+from rbdata.samplers.base import BatchSampler, Sampler
+from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.samplers.uniform import UniformSampler
 from rbdata.samplers.without_replacement import SamplerWithoutReplacement
 
-__all__ = ["Sampler", "SamplerWithoutReplacement", "UniformSampler"]
+__all__ = [
+    "BatchSampler",
+    "PrioritizedSampler",
+    "Sampler",
+    "SamplerWithoutReplacement",
+    "UniformSampler",
+]

@@ -147,6 +147,16 @@ class Sampler(TorchSampler[int]):
         """Draw one batch of ``batch_size`` indices as a ``LongTensor``."""
         return self.draw(batch_size)[0]
 
+    def attach(self, storage: Sized) -> None:
+        """Bind to the storage of a buffer (called by :class:`~rbdata.ReplayBuffer`)."""
+        if self.data_source is None:
+            self.data_source = storage
+        elif self.data_source is not storage:
+            raise ValueError(
+                f"{type(self).__name__} already reads another data_source; "
+                "use one sampler per storage"
+            )
+
     def on_write(self, index: int | torch.Tensor, data: Any) -> None:
         """Called by the buffer after ``data`` was written at ``index`` (an int or a tensor)."""
 
