@@ -12,10 +12,11 @@ from rbdata.samplers import (
     BatchSampler,
     PrioritizedSampler,
     SamplerWithoutReplacement,
+    SliceSampler,
     UniformSampler,
 )
 from rbdata.storages import ListStorage, MemmapStorage, TensorStorage
-from rbdata.writers import ImmutableWriter, RoundRobinWriter
+from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
 
@@ -24,6 +25,7 @@ __all__ = [
     "EmptyBufferError",
     "ImmutableWriter",
     "ListStorage",
+    "MaxValueWriter",
     "MemmapStorage",
     "MissingExtraError",
     "PrioritizedSampler",
@@ -31,6 +33,7 @@ __all__ = [
     "ReplayBuffer",
     "RoundRobinWriter",
     "SamplerWithoutReplacement",
+    "SliceSampler",
     "TensorStorage",
     "UniformSampler",
     "__version__",

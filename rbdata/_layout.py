@@ -18,9 +18,34 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-__all__ = ["Key", "Layout", "Leaf", "flatten", "is_structured", "stack_items"]
+__all__ = [
+    "Key",
+    "Layout",
+    "Leaf",
+    "flatten",
+    "is_structured",
+    "key_name",
+    "key_names",
+    "stack_items",
+]
 
 Key = tuple[str, ...]
+
+
+def key_name(key: Key) -> str:
+    """How errors name a key: ``'observation'`` or ``('next', 'reward')``.
+
+    Examples:
+        >>> key_name(("obs",)), key_name(("next", "done"))
+        ("'obs'", "('next', 'done')")
+    """
+    return repr(key[0]) if len(key) == 1 else repr(key)
+
+
+def key_names(keys: Sequence[Key]) -> str:
+    """A list of key names for error messages."""
+    return "[" + ", ".join(key_name(k) for k in keys) + "]"
+
 
 _TENSOR_KIND = "tensor"
 _DICT_KIND = "tensordict"
@@ -42,7 +67,7 @@ class Leaf:
     @property
     def name(self) -> str:
         """Human-readable key, e.g. ``('next', 'reward')`` or ``'observation'``."""
-        return repr(self.key[0]) if len(self.key) == 1 else repr(self.key)
+        return key_name(self.key)
 
 
 def is_structured(data: Any) -> bool:
@@ -166,7 +191,7 @@ class Layout:
         kind, flat = flatten(data)
         leaves = []
         for key, value in flat.items():
-            name = repr(key[0]) if len(key) == 1 else repr(key)
+            name = key_name(key)
             t = _to_tensor(value, name)
             if batched and t.dim() == 0:
                 raise ValueError(
@@ -221,7 +246,7 @@ class Layout:
                 value = flat.pop(leaf.key)
             except KeyError:
                 raise ValueError(
-                    f"missing key {leaf.name}: expected keys {self._names(self.keys)}"
+                    f"missing key {leaf.name}: expected keys {key_names(self.keys)}"
                 ) from None
             t = value if type(value) is torch.Tensor else _to_tensor(value, leaf.name)
             shape = t.shape
@@ -251,16 +276,11 @@ class Layout:
             tensors.append(t)
         if flat:
             raise ValueError(
-                f"unknown key {self._names(tuple(flat))[1:-1]}: expected keys "
-                f"{self._names(self.keys)}"
+                f"unknown key {key_names(tuple(flat))[1:-1]}: expected keys {key_names(self.keys)}"
             )
         if isinstance(data, TensorDictBase) and batched and data.batch_dims:
             n = data.batch_size[0]
         return tensors, (n if batched else 1)
-
-    @staticmethod
-    def _names(keys: Sequence[Key]) -> str:
-        return "[" + ", ".join(repr(k[0]) if len(k) == 1 else repr(k) for k in keys) + "]"
 
     # --- assembly ------------------------------------------------------------------------
     def assemble(

@@ -88,9 +88,12 @@ class ReplayBuffer:
         )
 
     def add(self, item: Any) -> int:
-        """Add one item (a tensor, TensorDict or dict without batch dimension); return its slot."""
+        """Add one item (a tensor, TensorDict or dict without batch dimension); return its slot.
+
+        The slot is -1 if the writer dropped the item (:class:`~rbdata.writers.MaxValueWriter`).
+        """
         index = self.writer.add(self.storage, item)
-        if self._hooked:
+        if self._hooked and index >= 0:  # -1: a writer (MaxValueWriter) dropped the item
             self.sampler.on_write(index, item)
         return index
 

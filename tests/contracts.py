@@ -209,6 +209,15 @@ class StorageContract:
             seen += batch["id"].tolist()
         assert sorted(seen) == list(range(10))
 
+    @pytest.mark.parametrize("num_workers", [0, 2])
+    def test_dataloader_over_plain_tensor_items(self, storage: Storage, num_workers: int) -> None:
+        data = torch.arange(30.0).view(10, 3)
+        storage.set(slice(0, 10), data)
+        loader = DataLoader(storage, batch_size=4, shuffle=True, num_workers=num_workers)
+        rows = torch.cat(list(loader))
+        assert rows.shape == (10, 3)
+        torch.testing.assert_close(rows[rows[:, 0].argsort()], data)
+
     # --- pickling --------------------------------------------------------------------------
     def test_pickle_roundtrip(self, storage: Storage) -> None:
         self.filled(storage, [7])

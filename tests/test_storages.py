@@ -63,3 +63,12 @@ def test_tensor_storage_on_cuda() -> None:
     batch = storage[torch.tensor([7, 1], device="cuda")]
     assert batch.device.type == "cuda" and batch["id"].device.type == "cuda"
     assert batch["id"].tolist() == [7, 1]
+
+
+def test_default_collate_still_stacks_lists_of_tensors() -> None:
+    from torch.utils.data import default_collate
+
+    rows = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
+    torch.testing.assert_close(default_collate(rows), torch.stack(rows))
+    gathered = torch.arange(6.0).view(3, 2)
+    assert default_collate(gathered) is gathered  # a gathered batch passes through

@@ -2,6 +2,7 @@
 
 from rbdata.samplers.base import BatchSampler, Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
+from rbdata.samplers.slice import SliceSampler
 from rbdata.samplers.uniform import UniformSampler
 from rbdata.samplers.without_replacement import SamplerWithoutReplacement
 
@@ -10,5 +11,6 @@ __all__ = [
     "PrioritizedSampler",
     "Sampler",
     "SamplerWithoutReplacement",
+    "SliceSampler",
     "UniformSampler",
 ]

@@ -1,5 +1,6 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
+from rbdata.storages import _collate  # noqa: F401 - lets default_collate take gathered batches
 from rbdata.storages.base import Prepared, Storage
 from rbdata.storages.list import ListStorage
 from rbdata.storages.memmap import MemmapStorage

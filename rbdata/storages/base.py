@@ -37,6 +37,33 @@ class Prepared:
         self.layout = layout
         self.batched = batched
 
+    def take(self, rows: Sequence[int] | torch.Tensor) -> Prepared:
+        """The batch rows at ``rows`` (in that order) as a new batched ``Prepared``.
+
+        Tensor leaves are gathered with ``index_select`` on dim 0; a list of objects (a
+        :class:`~rbdata.storages.ListStorage` in object mode) is picked by position. Writers
+        use it to commit only part of a validated batch.
+
+        Raises:
+            ValueError: if this is a single item, not a batch.
+            IndexError: if a row is out of range for the batch.
+
+        Examples:
+            >>> from rbdata.storages import TensorStorage
+            >>> prepared = TensorStorage(4).prepare(torch.arange(6.0).view(3, 2), batched=True)
+            >>> sub = prepared.take([2, 0])
+            >>> sub.n, sub.payload[0].tolist()
+            (2, [[4.0, 5.0], [0.0, 1.0]])
+        """
+        if not self.batched:
+            raise ValueError("rows: take needs a batch, this is a single item")
+        idx = as_index_tensor(rows, self.n, "batch", "size")
+        if self.layout is None:
+            payload = [self.payload[i] for i in idx.tolist()]
+        else:
+            payload = [t.index_select(0, idx.to(t.device)) for t in self.payload]
+        return Prepared(payload, int(idx.numel()), self.layout, True)
+
 
 class Storage(Dataset[Any]):
     """Base class of all storages: a fixed-capacity, map-style dataset of items.

@@ -1,0 +1,261 @@
+"""``SliceSampler``: contiguous sub-trajectories that never cross an episode end or the ring seam.
+
+The sampler keeps an episode index in *time* coordinates, updated on every write with the new
+steps' end flags only: the absolute time ``T`` of the next step, the times of the episode ends
+still in the buffer (sorted, pruned as the ring overwrites them), and the slot of time 0. The
+buffer holds the times ``[max(0, T - capacity), T)``; a segment is a maximal run of those times
+inside one episode, so the oldest retained steps (whose episode start was overwritten) and the
+newest (an episode still running) are segments too, and no slice joins the newest step to the
+oldest. Sampling picks a start uniformly among all valid slice starts with one ``searchsorted``
+over per-segment counts, rebuilt lazily after writes from the episode ends only: it never scans
+the data, so its cost does not grow with the buffer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sized
+from typing import Any
+
+import torch
+
+from rbdata._layout import Key, flatten, key_name, stack_items
+from rbdata.samplers.base import Sampler
+
+__all__ = ["SliceSampler"]
+
+
+def _as_key(key: str | tuple[str, ...]) -> Key:
+    return (key,) if isinstance(key, str) else tuple(key)
+
+
+class SliceSampler(Sampler):
+    """Sample ``num_slices`` slices of ``slice_len`` consecutive steps of one episode each.
+
+    Give exactly one of ``slice_len`` / ``num_slices``; the other is derived from the batch
+    size (which must be a multiple of it). A batch is **flat**: ``num_slices * slice_len``
+    items, each slice's steps contiguous and in time order, slices one after another; it
+    carries ``"slice"`` (the slice number of each item) so ``batch.reshape(num_slices,
+    slice_len)`` gives the 2-D view. Episode boundaries come from ``end_key`` (a done flag per
+    step) or ``traj_key`` (an episode id per step: a change of id starts a new episode).
+
+    The index assumes writes in time order through a ring (:class:`~rbdata.RoundRobinWriter`);
+    other write patterns raise ``ValueError``.
+
+    Args:
+        slice_len: steps per slice.
+        num_slices: slices per batch.
+        end_key: key of the per-step end flag (``("next", "done")`` by default).
+        traj_key: key of a per-step episode id, used instead of ``end_key`` when given.
+        strict_length: skip episodes shorter than ``slice_len``. Otherwise they come back
+            whole, padded to ``slice_len`` by repeating their last step, with a ``"mask"``
+            entry that is ``False`` on the padding.
+        data_source: the storage (``None``: bound by the buffer).
+        generator: random generator (``None``: a private one seeded from torch's global RNG).
+
+    Examples:
+        >>> import torch
+        >>> from rbdata import ReplayBuffer, TensorStorage
+        >>> rb = ReplayBuffer(TensorStorage(100), sampler=SliceSampler(slice_len=4))
+        >>> done = torch.zeros(20, 1, dtype=torch.bool)
+        >>> done[9] = done[19] = True  # two episodes of 10 steps
+        >>> _ = rb.extend({"t": torch.arange(20), "next": {"done": done}})
+        >>> steps = rb.sample(8).reshape(2, 4)["t"]  # two slices of 4 steps
+        >>> consecutive = bool((steps.diff() == 1).all())
+        >>> one_episode_each = bool(((steps // 10).diff() == 0).all())
+        >>> consecutive, one_episode_each
+        (True, True)
+    """
+
+    def __init__(
+        self,
+        slice_len: int | None = None,
+        num_slices: int | None = None,
+        end_key: str | tuple[str, ...] = ("next", "done"),
+        traj_key: str | tuple[str, ...] | None = None,
+        strict_length: bool = True,
+        *,
+        data_source: Sized | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        super().__init__(data_source, generator)
+        if (slice_len is None) == (num_slices is None):
+            raise ValueError("give exactly one of slice_len and num_slices")
+        for name, value in (("slice_len", slice_len), ("num_slices", num_slices)):
+            if value is not None and (not isinstance(value, int) or value <= 0):
+                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        self.slice_len = slice_len
+        self.num_slices = num_slices
+        self.end_key = _as_key(end_key)
+        self.traj_key = None if traj_key is None else _as_key(traj_key)
+        self.strict_length = strict_length
+        self._iter_chunk = 64 * (slice_len or 1)
+        self.reset()
+
+    # --- the episode index ----------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every episode."""
+        self._time = 0  # absolute time of the next step
+        self._base: int | None = None  # slot of time 0
+        self._ends = torch.empty(0, dtype=torch.long)  # times of episode ends in the buffer
+        self._last_traj: Any = None
+        self._cache: tuple[torch.Tensor, ...] | None = None
+        self._cache_len: int | None = None
+
+    @property
+    def _capacity(self) -> int:
+        source = self.data_source
+        capacity = getattr(source, "capacity", None)
+        if capacity is None:
+            if source is None:
+                raise RuntimeError("SliceSampler has no data_source: use it in a ReplayBuffer")
+            return len(source)
+        return int(capacity)
+
+    def _flags(self, data: Any, n: int, batched: bool) -> torch.Tensor:
+        key = self.traj_key or self.end_key
+        if data is None:
+            raise ValueError(f"SliceSampler needs the written data to read {key!r}")
+        if isinstance(data, (list, tuple)):
+            data = stack_items(data)
+        _, leaves = flatten(data)
+        if key not in leaves:
+            raise ValueError(
+                f"SliceSampler: the data has no key {key_name(key)} (episode boundaries)"
+            )
+        value = torch.as_tensor(leaves[key])
+        value = value.reshape(n, -1) if batched else value.reshape(1, -1)
+        if value.shape[1] != 1:
+            raise ValueError(f"SliceSampler: {key_name(key)} must hold one value per step")
+        return value[:, 0]
+
+    def _ends_of(self, values: torch.Tensor, start: int) -> torch.Tensor:
+        """Absolute times of episode ends among ``n`` new steps starting at time ``start``."""
+        if self.traj_key is None:
+            return torch.nonzero(values.bool()).reshape(-1) + start
+        ids = values
+        changes = torch.nonzero(ids[1:] != ids[:-1]).reshape(-1) + start
+        first = ids[0].item()
+        self_ends = [start - 1] if self._last_traj is not None and first != self._last_traj else []
+        self._last_traj = ids[-1].item()
+        return torch.cat([torch.tensor(self_ends, dtype=torch.long), changes])
+
+    def on_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Index the end flags of the steps just written at ``index`` (in time order)."""
+        if isinstance(index, int):
+            first, n, batched = index, 1, False
+        else:
+            n, batched = int(index.shape[0]), True
+            if n == 0:
+                return
+            first = int(index[0])
+        capacity = self._capacity
+        if self._base is None:
+            self._base = first
+        elif (self._base + self._time) % capacity != first:
+            raise ValueError(
+                f"SliceSampler: a write at slot {first} does not continue the time order "
+                f"(expected slot {(self._base + self._time) % capacity}); it needs a "
+                "RoundRobinWriter"
+            )
+        values = self._flags(data, n, batched)
+        start = self._time
+        new_ends = self._ends_of(values, start)
+        self._time = start + n
+        oldest = max(0, self._time - capacity)
+        ends = self._ends
+        if new_ends.numel():
+            ends = torch.cat([ends, new_ends])
+        if ends.numel() and int(ends[0]) < oldest:
+            ends = ends[int(torch.searchsorted(ends, oldest)) :]
+        self._ends = ends
+        self._cache = None
+
+    def attach(self, storage: Sized) -> None:
+        """Bind to a storage and index the episodes already in it (one read of one column)."""
+        super().attach(storage)
+        n = len(storage)
+        if n == 0:
+            return
+        capacity = self._capacity
+        base = int(getattr(storage, "next_slot", 0)) if n == capacity else 0
+        slots = (torch.arange(n) + base) % capacity
+        self.reset()
+        self.on_write(slots, storage.__getitems__(slots))  # type: ignore[attr-defined]
+
+    # --- sampling ---------------------------------------------------------------------------
+    def _shape(self, batch_size: int) -> tuple[int, int]:
+        if self.slice_len is not None:
+            if batch_size % self.slice_len:
+                raise ValueError(
+                    f"batch_size {batch_size} is not a multiple of slice_len {self.slice_len}"
+                )
+            return batch_size // self.slice_len, self.slice_len
+        assert self.num_slices is not None
+        if batch_size % self.num_slices:
+            raise ValueError(
+                f"batch_size {batch_size} is not a multiple of num_slices {self.num_slices}"
+            )
+        return self.num_slices, batch_size // self.num_slices
+
+    def _segments(self, length: int) -> tuple[torch.Tensor, ...]:
+        if self._cache is not None and self._cache_len == length:
+            return self._cache
+        end = self._time
+        oldest = max(0, end - self._capacity)
+        ends = self._ends
+        inner = ends[ends < end - 1] + 1  # segment starts after each end (not past the newest)
+        starts = torch.cat([torch.tensor([oldest]), inner])
+        stops = torch.cat([inner, torch.tensor([end])])
+        lengths = stops - starts
+        if self.strict_length:
+            counts = (lengths - length + 1).clamp_(min=0)
+        else:
+            counts = torch.where(lengths >= length, lengths - length + 1, (lengths > 0).long())
+        cumsum = torch.cumsum(counts, 0)
+        # start time of draw r in segment s: r - (cumsum[s] - counts[s]) + starts[s]
+        shift = starts - (cumsum - counts)
+        self._cache = (cumsum, shift, stops)
+        self._cache_len = length
+        return self._cache
+
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Draw ``num_slices`` slices as one flat batch of indices (see the class doc)."""
+        num_slices, length = self._shape(batch_size)
+        self._length()  # bound and non-empty
+        cumsum, shift, stops = self._segments(length)
+        total = int(cumsum[-1])
+        if total == 0:
+            raise ValueError(
+                f"SliceSampler: no episode in the buffer has {length} steps "
+                "(use strict_length=False to sample shorter ones)"
+            )
+        r = torch.randint(total, (num_slices,), generator=self.generator)
+        seg = torch.searchsorted(cumsum, r, right=True)
+        start = r + shift[seg]
+        times = (start.unsqueeze(1) + torch.arange(length)).reshape(-1)
+        extras: dict[str, torch.Tensor] = {
+            "slice": torch.arange(num_slices).repeat_interleave(length)
+        }
+        if not self.strict_length:
+            last = (stops[seg] - 1).repeat_interleave(length)
+            extras["mask"] = times <= last
+            times = torch.minimum(times, last)
+        assert self._base is not None
+        return times.add_(self._base).remainder_(self._capacity), extras
+
+    # --- state ------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Any]:
+        """Generator state and the episode index."""
+        state = super().state_dict()
+        state.update(time=self._time, base=self._base, ends=self._ends.clone())
+        state["last_traj"] = self._last_traj
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict`."""
+        super().load_state_dict(state)
+        self._time = int(state["time"])
+        self._base = None if state["base"] is None else int(state["base"])
+        self._ends = state["ends"].clone()
+        self._last_traj = state["last_traj"]
+        self._cache = None

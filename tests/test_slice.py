@@ -1,0 +1,155 @@
+"""SliceSampler against a brute-force model of episodes in a ring."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from tensordict import TensorDict
+
+from rbdata import ReplayBuffer, SliceSampler, TensorStorage
+from rbdata.storages import MemmapStorage
+
+
+def episodes(lengths: list[int], start_time: int = 0, first_episode: int = 0) -> TensorDict:
+    """Steps of consecutive episodes: absolute time ``t``, ``episode`` id and done flags."""
+    eps = torch.cat([torch.full((n,), first_episode + i) for i, n in enumerate(lengths)])
+    done = torch.zeros(len(eps), 1, dtype=torch.bool)
+    ends = torch.cumsum(torch.tensor(lengths), 0) - 1
+    done[ends] = True
+    t = torch.arange(start_time, start_time + len(eps))
+    return TensorDict({"t": t, "episode": eps, ("next", "done"): done}, batch_size=[len(eps)])
+
+
+def valid_starts(steps: TensorDict, capacity: int, length: int) -> set[int]:
+    """Brute force: times s whose next ``length`` steps are retained and in one episode."""
+    total = steps.batch_size[0]
+    oldest = max(0, total - capacity)
+    ep = steps["episode"]
+    return {
+        s for s in range(oldest, total - length + 1) if bool((ep[s : s + length] == ep[s]).all())
+    }
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    capacity=st.integers(5, 60),
+    chunks=st.lists(st.lists(st.integers(1, 15), min_size=1, max_size=4), min_size=1, max_size=6),
+    length=st.integers(1, 6),
+    seed=st.integers(0, 2**16),
+)
+def test_slices_stay_inside_episodes_over_wraparound(
+    capacity: int, chunks: list[list[int]], length: int, seed: int
+) -> None:
+    sampler = SliceSampler(slice_len=length, generator=torch.Generator().manual_seed(seed))
+    rb = ReplayBuffer(TensorStorage(capacity), sampler=sampler)
+    written: list[TensorDict] = []
+    time, episode = 0, 0
+    for lengths in chunks:
+        batch = episodes(lengths, time, episode)
+        for start in range(0, batch.batch_size[0], capacity):  # extends of at most capacity
+            rb.extend(batch[start : start + capacity])
+        written.append(batch)
+        time += batch.batch_size[0]
+        episode += len(lengths)
+    everything = torch.cat(written)
+    expected = valid_starts(everything, capacity, length)
+    if not expected:
+        with pytest.raises(ValueError, match=f"no episode in the buffer has {length} steps"):
+            rb.sample(length * 4)
+        return
+    batch = rb.sample(length * 64).reshape(64, length)
+    t = batch["t"]
+    assert bool((t.diff(dim=1) == 1).all())  # contiguous, in time order
+    assert {int(s) for s in t[:, 0]} <= expected  # legal starts only
+    assert bool((batch["episode"] == batch["episode"][:, :1]).all())
+    assert batch["slice"].tolist() == [[i] * length for i in range(64)]
+
+
+def test_every_valid_start_is_equally_likely() -> None:
+    capacity, length = 40, 3
+    rb = ReplayBuffer(TensorStorage(capacity), sampler=SliceSampler(slice_len=length))
+    steps = episodes([7, 2, 12, 9, 5, 11])  # 46 steps: wraps, oldest episode cut
+    rb.extend(steps[:30])
+    rb.extend(steps[30:])
+    expected = sorted(valid_starts(steps, capacity, length))
+    draws = 60_000
+    starts = rb.sample(draws * length).reshape(draws, length)["t"][:, 0]
+    counts = torch.bincount(starts - min(expected), minlength=len(expected) + 1)
+    observed = {min(expected) + i: int(c) for i, c in enumerate(counts) if c}
+    assert sorted(observed) == expected
+    mean = draws / len(expected)
+    chi2 = sum((c - mean) ** 2 / mean for c in observed.values())
+    # retained t 6..45: pieces of 1, 2, 12, 9, 5, 11 steps -> 0 + 0 + 10 + 7 + 3 + 9 starts
+    assert len(expected) == 29
+    assert chi2 < 56.89  # 99.9% quantile, 28 degrees of freedom
+
+
+def test_traj_key_gives_the_same_slices_as_done_flags() -> None:
+    steps = episodes([6, 3, 8, 4])
+    a = ReplayBuffer(
+        TensorStorage(30),
+        sampler=SliceSampler(slice_len=3, generator=torch.Generator().manual_seed(1)),
+    )
+    b = ReplayBuffer(
+        TensorStorage(30),
+        sampler=SliceSampler(
+            slice_len=3, traj_key="episode", generator=torch.Generator().manual_seed(1)
+        ),
+    )
+    for rb in (a, b):
+        rb.extend(steps[:8])  # the episode of steps 6-8 straddles two extends
+        for i in range(8, 21):
+            rb.add(steps[i])
+    assert torch.equal(a.sample(300)["t"], b.sample(300)["t"])
+
+
+def test_non_strict_pads_short_episodes_with_a_mask() -> None:
+    sampler = SliceSampler(slice_len=4, strict_length=False)
+    rb = ReplayBuffer(TensorStorage(50), sampler=sampler)
+    rb.extend(episodes([2, 6, 1]))
+    batch = rb.sample(4 * 500).reshape(500, 4)
+    mask, t = batch["mask"], batch["t"]
+    short = t[:, 0] == 0  # the 2-step episode: steps 0, 1 then padding repeating step 1
+    assert bool(short.any())
+    assert t[short].tolist()[0] == [0, 1, 1, 1]
+    assert mask[short].tolist()[0] == [True, True, False, False]
+    single = t[:, 0] == 8
+    assert mask[single].tolist()[0] == [True, False, False, False]
+    full = ~short & ~single
+    assert bool(mask[full].all()) and bool((t[full].diff(dim=1) == 1).all())
+    assert set(t[full][:, 0].tolist()) == {2, 3, 4}
+
+
+def test_num_slices_and_errors() -> None:
+    rb = ReplayBuffer(TensorStorage(50), sampler=SliceSampler(num_slices=4))
+    rb.extend(episodes([10, 10]))
+    assert rb.sample(12).reshape(4, 3)["t"].diff(dim=1).eq(1).all()
+    with pytest.raises(ValueError, match="batch_size 10 is not a multiple of num_slices 4"):
+        rb.sample(10)
+    with pytest.raises(ValueError, match="give exactly one of slice_len and num_slices"):
+        SliceSampler(slice_len=2, num_slices=3)
+    with pytest.raises(ValueError, match="slice_len must be a positive integer"):
+        SliceSampler(slice_len=0)
+    missing = ReplayBuffer(TensorStorage(10), sampler=SliceSampler(slice_len=2))
+    with pytest.raises(ValueError, match=r"has no key \('next', 'done'\)"):
+        missing.extend({"obs": torch.zeros(3, 2)})
+    direct = SliceSampler(slice_len=2, data_source=TensorStorage(10))
+    direct.on_write(torch.tensor([0, 1]), episodes([2]))
+    with pytest.raises(ValueError, match="does not continue the time order"):
+        direct.on_write(torch.tensor([5]), episodes([1]))
+
+
+def test_index_of_a_reopened_storage(tmp_path: object) -> None:
+    path = f"{tmp_path}/rb"
+    rb = ReplayBuffer(MemmapStorage(20, path=path))
+    steps = episodes([9, 8, 7])  # 24 steps into 20 slots: wraps
+    rb.extend(steps[:12])
+    rb.extend(steps[12:])
+    rb.storage.close()  # type: ignore[attr-defined]
+    again = ReplayBuffer(MemmapStorage.open(path), sampler=SliceSampler(slice_len=5))
+    batch = again.sample(5 * 200).reshape(200, 5)
+    assert {int(s) for s in batch["t"][:, 0]} <= valid_starts(steps, 20, 5)
+    assert bool((batch["episode"] == batch["episode"][:, :1]).all())
+    again.storage.close()  # type: ignore[attr-defined]
