@@ -14,25 +14,16 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import gc
-import importlib.metadata
-import os
-import platform
 import sys
-import time
-import timeit
-import traceback
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
-import tensordict
 import torch
+from _timing import FULL, QUICK, Config, Report, free, measure, run
 from tensordict import TensorDict
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
-import rbdata
 from rbdata import MemmapStorage, ReplayBuffer, TensorStorage
 from rbdata.storages.base import Storage
 
@@ -50,107 +41,6 @@ KEYS: tuple[Any, ...] = (
     ("next", "observation"),
 )
 TORCHRL_ADD_NOTE = "TorchRL add: 80-150 us (not installed, from DESIGN.md)"
-
-
-# --- timing -----------------------------------------------------------------------------------
-@dataclass(frozen=True)
-class Config:
-    """How hard to time: repeats per function, minimum seconds per repeat, warm-up calls."""
-
-    repeat: int
-    min_time: float
-    warmup: int
-
-
-FULL = Config(repeat=7, min_time=0.1, warmup=20)
-QUICK = Config(repeat=5, min_time=0.02, warmup=5)
-
-
-def _calibrate(timer: timeit.Timer, min_time: float) -> int:
-    """Smallest ``number`` in 1, 2, 5, 10, 20, ... whose loop takes at least ``min_time``."""
-    number = 1
-    while True:
-        for step in (1, 2, 5):
-            n = number * step
-            if timer.timeit(n) >= min_time:
-                return n
-        number *= 10
-
-
-def measure(fns: dict[str, Callable[[], object]], cfg: Config) -> dict[str, float]:
-    """Seconds per call of each function: min over ``cfg.repeat`` repeats of a timed loop.
-
-    The functions are warmed up, calibrated, then timed in turn within each repeat, so that
-    rbdata and its floor see the same machine conditions.
-    """
-    timers: dict[str, tuple[timeit.Timer, int]] = {}
-    for name, fn in fns.items():
-        for _ in range(cfg.warmup):
-            fn()
-        timer = timeit.Timer(fn)
-        timers[name] = (timer, _calibrate(timer, cfg.min_time))
-    best = dict.fromkeys(fns, float("inf"))
-    for _ in range(cfg.repeat):
-        for name, (timer, number) in timers.items():
-            best[name] = min(best[name], timer.timeit(number) / number)
-    return best
-
-
-# --- reporting --------------------------------------------------------------------------------
-def _fmt_time(seconds: float) -> str:
-    us = seconds * 1e6
-    if us < 1000:
-        return f"{us:8.2f} us"
-    return f"{us / 1000:8.3f} ms"
-
-
-class Report:
-    """Prints aligned rows and counts PASS/FAIL."""
-
-    COLS = f"  {'':<46} {'rbdata':>11} {'floor':>11} {'ratio':>7}  {'target':>9}  result"
-
-    def __init__(self) -> None:
-        self.passed = 0
-        self.failed = 0
-        self.errors: list[str] = []
-
-    def section(self, title: str, floor: str) -> None:
-        print(f"\n{title}")
-        print(f"  floor: {floor}")
-        print(self.COLS)
-
-    def _verdict(self, ok: bool) -> str:
-        if ok:
-            self.passed += 1
-            return "PASS"
-        self.failed += 1
-        return "FAIL"
-
-    def ratio(self, label: str, t: float, floor: float, target: float) -> None:
-        r = t / floor
-        verdict = self._verdict(r <= target)
-        print(
-            f"  {label:<46} {_fmt_time(t)} {_fmt_time(floor)} {r:6.2f}x  "
-            f"{'<= ' + f'{target:.1f}x':>9}  {verdict}"
-        )
-
-    def absolute(self, label: str, t: float, floor: float, target_us: float) -> None:
-        verdict = self._verdict(t * 1e6 <= target_us)
-        print(
-            f"  {label:<46} {_fmt_time(t)} {_fmt_time(floor)} {t / floor:6.2f}x  "
-            f"{'<= ' + f'{target_us:.0f} us':>9}  {verdict}"
-        )
-
-    def peer(self, label: str, t: float, floor: float | None = None) -> None:
-        floor_s = _fmt_time(floor) if floor is not None else f"{'':>11}"
-        ratio_s = f"{t / floor:6.2f}x" if floor is not None else f"{'':>7}"
-        print(f"  {label:<46} {_fmt_time(t)} {floor_s} {ratio_s}  {'(peer)':>9}")
-
-    def info(self, label: str, t: float, floor: float) -> None:
-        print(f"  {label:<46} {_fmt_time(t)} {_fmt_time(floor)} {t / floor:6.2f}x  {'(info)':>9}")
-
-    def note(self, text: str) -> None:
-        print(f"  {text}")
 
 
 # --- data -------------------------------------------------------------------------------------
@@ -185,10 +75,6 @@ def _storages(capacity: int) -> list[tuple[str, Callable[[], Storage]]]:
         ("TensorStorage", lambda: TensorStorage(capacity)),
         ("MemmapStorage", lambda: MemmapStorage(capacity)),
     ]
-
-
-def _free() -> None:
-    gc.collect()
 
 
 class RingFloor:
@@ -306,7 +192,7 @@ def bench_sample_tensor(cfg: Config, rep: Report) -> None:
             rep.ratio(name, t["rbdata"], t["floor"], 1.5)
         finally:
             _close(storage)
-    _free()
+    free()
 
 
 def bench_transitions_1m(cfg: Config, rep: Report) -> None:
@@ -350,7 +236,7 @@ def bench_transitions_1m(cfg: Config, rep: Report) -> None:
             del rb
         finally:
             _close(storage)
-        _free()
+        free()
 
     if cpprb is None:
         rep.note("cpprb not installed: peer lines skipped (pip install 'rbdata[bench]')")
@@ -476,7 +362,7 @@ def bench_add(cfg: Config, rep: Report) -> None:
             del rb
         finally:
             _close(storage)
-        _free()
+        free()
 
     if cpprb is None:
         rep.note("cpprb not installed: peer line skipped (pip install 'rbdata[bench]')")
@@ -487,7 +373,7 @@ def bench_add(cfg: Config, rep: Report) -> None:
         rep.peer("cpprb ReplayBuffer.add (one transition)", t["cpprb"], t["floor"])
         del crb
     rep.note(TORCHRL_ADD_NOTE)
-    _free()
+    free()
 
 
 WORKLOADS: list[Callable[[Config, Report], None]] = [
@@ -498,52 +384,12 @@ WORKLOADS: list[Callable[[Config, Report], None]] = [
 ]
 
 
-def _version(dist: str) -> str:
-    try:
-        return importlib.metadata.version(dist)
-    except importlib.metadata.PackageNotFoundError:
-        return "not installed"
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (smoke run)")
     args = parser.parse_args(argv)
     cfg = QUICK if args.quick else FULL
-
-    torch.set_num_threads(1)
-    torch.manual_seed(0)
-    print("rbdata foundation benchmarks" + (" (--quick)" if args.quick else ""))
-    print(
-        f"  rbdata {rbdata.__version__}, torch {torch.__version__}, tensordict "
-        f"{tensordict.__version__}, numpy {np.__version__}, cpprb {_version('cpprb')}"
-    )
-    print(
-        f"  Python {platform.python_version()}, {platform.machine()}, {os.cpu_count()} CPUs; "
-        f"torch.set_num_threads(1) for stable numbers"
-    )
-    print(
-        f"  time per call = min over {cfg.repeat} repeats of a timed loop of >= "
-        f"{cfg.min_time * 1e3:.0f} ms (after {cfg.warmup} warm-up calls); rbdata and its "
-        "floor interleaved in the same run; ratio = rbdata / floor"
-    )
-    rep = Report()
-    start = time.perf_counter()
-    for workload in WORKLOADS:
-        try:
-            workload(cfg, rep)
-        except Exception:
-            rep.errors.append(workload.__name__)
-            print(f"  ERROR in {workload.__name__}:")
-            traceback.print_exc(file=sys.stdout)
-        _free()
-    elapsed = time.perf_counter() - start
-    print(
-        f"\nsummary: {rep.passed} PASS, {rep.failed} FAIL"
-        + (f", {len(rep.errors)} ERROR ({', '.join(rep.errors)})" if rep.errors else "")
-        + f" in {elapsed:.1f} s (targets are reported, not enforced)"
-    )
-    return 1 if rep.errors else 0
+    return run("rbdata foundation benchmarks", WORKLOADS, cfg, args.quick)
 
 
 if __name__ == "__main__":
