@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -11,7 +12,7 @@ from hypothesis import strategies as st
 
 from rbdata.samplers import _sumtree
 
-CAPACITIES = st.sampled_from([1, 2, 3, 5, 7, 8, 13, 16, 31, 64, 100])
+CAPACITIES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 31, 64, 65, 100, 513])
 
 
 def _apply(ops: list[tuple[list[int], list[int]]], capacity: int, fast: bool) -> tuple:
@@ -49,6 +50,21 @@ def _brute_force(capacity: int, ops: list[tuple[list[int], list[int]]]) -> list[
     return [v if w else math.nan for v, w in zip(leaves, written, strict=True)]
 
 
+CAPACITY_LIST = [1, 2, 3, 5, 7, 8, 9, 13, 16, 31, 64, 65, 100, 513]
+
+
+def _check_internal_nodes(s: torch.Tensor, m: torch.Tensor) -> None:
+    offsets = _sumtree.layout(s)
+    for level in range(len(offsets) - 1):
+        width = _sumtree.ARITY**level
+        children_start = offsets[level + 1]
+        for j in range(width):
+            block_s = s[children_start + 8 * j : children_start + 8 * j + 8]
+            block_m = m[children_start + 8 * j : children_start + 8 * j + 8]
+            assert s[offsets[level] + j] == block_s.sum()
+            assert m[offsets[level] + j] == block_m.min()
+
+
 @settings(max_examples=150, deadline=None)
 @given(update_sequences())
 def test_roots_and_nodes_match_brute_force(case: tuple) -> None:
@@ -56,15 +72,23 @@ def test_roots_and_nodes_match_brute_force(case: tuple) -> None:
     expected = _brute_force(capacity, ops)
     for fast in (False, True):
         s, m = _apply(ops, capacity, fast)
-        p = _sumtree.leaf_count(capacity)
+        leaf0 = _sumtree.leaf_offset(s)
         values = [0.0 if math.isnan(v) else v for v in expected]
-        assert s[p : p + capacity].tolist() == values
-        assert float(s[1]) == sum(values)
+        assert s[leaf0 : leaf0 + capacity].tolist() == values
+        assert float(s[_sumtree.ROOT]) == sum(values)
         written = [v for v in expected if not math.isnan(v)]
-        assert float(m[1]) == min(written)
-        for node in range(1, p):  # every internal node combines its children
-            assert s[node] == s[2 * node] + s[2 * node + 1]
-            assert m[node] == min(m[2 * node], m[2 * node + 1])
+        assert float(m[_sumtree.ROOT]) == min(written)
+        _check_internal_nodes(s, m)  # every internal node combines its 8 children
+
+
+@pytest.mark.parametrize("capacity", CAPACITY_LIST)
+def test_layout_aligns_children_to_cache_lines(capacity: int) -> None:
+    tree = _sumtree.new_tree(capacity, "sum")
+    offsets = _sumtree.layout(tree)
+    assert offsets[0] == _sumtree.ROOT
+    assert all(o % _sumtree.ARITY == 0 for o in offsets[1:])
+    assert _sumtree.leaf_count(capacity) >= capacity
+    assert tree.shape[0] == offsets[-1] + _sumtree.leaf_count(capacity)
 
 
 @settings(max_examples=150, deadline=None)
@@ -72,11 +96,11 @@ def test_roots_and_nodes_match_brute_force(case: tuple) -> None:
 def test_prefix_search_matches_cumsum(case: tuple, fractions: list[float]) -> None:
     capacity, ops = case
     s, _ = _apply(ops, capacity, fast=True)
-    total = float(s[1])
+    total = float(s[_sumtree.ROOT])
     if total == 0:
         return
-    p = _sumtree.leaf_count(capacity)
-    leaves = s[p : p + capacity]
+    leaf0 = _sumtree.leaf_offset(s)
+    leaves = s[leaf0 : leaf0 + capacity]
     cumsum = torch.cumsum(leaves, 0)
     targets = torch.tensor(fractions, dtype=torch.float64) * total
     expected = torch.searchsorted(cumsum, targets, right=True)
@@ -95,7 +119,7 @@ def test_zero_slots_are_never_found() -> None:
     values = torch.zeros(capacity, dtype=torch.float64)
     values[::7] = torch.rand(len(values[::7]), dtype=torch.float64)
     _sumtree.update_reference(s, torch.arange(capacity), values, "sum")
-    targets = torch.rand(100_000, dtype=torch.float64) * s[1]
+    targets = torch.rand(100_000, dtype=torch.float64) * s[_sumtree.ROOT]
     found = _sumtree.find(s, targets)
     assert bool((values[found] > 0).all())
     torch.testing.assert_close(found, _sumtree.find_reference(s, targets), rtol=0, atol=0)
@@ -113,7 +137,59 @@ def test_cuda_tree_matches_cpu() -> None:
     _sumtree.update(cpu, idx, val, "sum")
     _sumtree.update(gpu, idx.cuda(), val.cuda(), "sum")
     torch.testing.assert_close(gpu.cpu(), cpu, rtol=0, atol=0)
-    targets = torch.rand(4096, generator=gen, dtype=torch.float64) * cpu[1]
+    targets = torch.rand(4096, generator=gen, dtype=torch.float64) * cpu[_sumtree.ROOT]
     torch.testing.assert_close(
         _sumtree.find(gpu, targets.cuda()).cpu(), _sumtree.find(cpu, targets)
     )
+
+
+@settings(max_examples=100, deadline=None)
+@given(
+    update_sequences(),
+    st.floats(0, 2),
+    st.sampled_from([0.0, 1e-3]),
+    st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=16),
+    st.sampled_from([torch.float32, torch.float64]),
+)
+def test_fused_kernels_match_the_reference(
+    case: tuple, alpha: float, eps: float, fractions: list[float], dtype: torch.dtype
+) -> None:
+    if not _sumtree.HAS_NUMBA:
+        pytest.skip("numba is not installed")
+    capacity, ops = case
+
+    def trees() -> tuple[torch.Tensor, torch.Tensor]:
+        return (
+            _sumtree.new_tree(capacity, "sum", dtype),
+            _sumtree.new_block_min_tree(capacity, dtype),
+        )
+
+    fast, ref = trees(), trees()
+    for index, values in ops:
+        idx = torch.tensor(index, dtype=torch.long)
+        prio = torch.tensor(values, dtype=torch.float64) / 3
+        offsets = np.asarray(_sumtree.layout(fast[0]), dtype=np.int64)
+        code, _, top = _sumtree._nb_set_priorities(
+            fast[0].numpy(),
+            fast[1].numpy(),
+            offsets,
+            idx.numpy(),
+            prio.numpy(),
+            capacity,
+            eps,
+            alpha,
+        )
+        assert code == 0 and top == float(prio.max())
+        _sumtree.set_priorities_reference(ref[0], ref[1], idx, prio, eps, alpha)
+        assert torch.equal(fast[0], ref[0])  # float64 sums, one rounding: the same bits
+        assert torch.equal(fast[1], ref[1])  # minima are exact, early stop included
+        leaf0 = _sumtree.leaf_offset(ref[0])
+        leaves = ref[0][leaf0 : leaf0 + capacity]
+        positive = leaves[leaves > 0]
+        expected_min = float(positive.min()) if positive.numel() else math.inf
+        assert float(ref[1][_sumtree.ROOT]) == expected_min  # the smallest positive value
+    if float(ref[0][_sumtree.ROOT]) > 0:
+        targets = torch.tensor(fractions, dtype=torch.float64) * ref[0][_sumtree.ROOT]
+        got, want = _sumtree.draw(*fast, targets, 0.4), _sumtree.draw_reference(*ref, targets, 0.4)
+        assert torch.equal(got[0], want[0])
+        assert torch.equal(got[1], want[1])

@@ -1,29 +1,47 @@
 """Sum and min trees over per-slot values: pure functions over tensors, on any device.
 
-A tree over ``capacity`` slots is one 1-D tensor of ``2 * P`` nodes, ``P`` the smallest power
-of two ``>= capacity``: node 1 is the root, node ``i`` has children ``2i`` and ``2i + 1``, slot
-``s`` is leaf ``P + s`` (node 0 is unused). Padding leaves hold the identity of the operation
-(0 for sums, ``+inf`` for minima), so the root is the sum / minimum over all slots.
+The trees are **8-ary**, stored level by level in one 1-D tensor of any float dtype (sums are
+accumulated in float64 and rounded once per node; searches run in float64): the 8 children of a node
+are contiguous and start on a multiple of 8 elements (one 64-byte cache line in float64), so
+a root-to-leaf walk over 1M slots touches 7 lines instead of the 20 of a binary tree; random
+walks miss cache, and the misses are the cost. ``layout(size)`` gives the level offsets: level
+``l`` holds ``8**l`` nodes from ``offsets[l]``, node ``j`` of level ``l`` has children
+``offsets[l + 1] + 8 * j + c``, slot ``s`` is leaf ``offsets[-1] + s``, the root is element
+``ROOT``. Padding leaves hold the identity of the operation (0 for sums, ``+inf`` for minima).
 
-The torch functions are the reference and run on CPU and CUDA tensors alike (level-synchronous
-and vectorised). On CPU tensors, :func:`update` and :func:`find` dispatch to numba kernels with
-the same semantics when numba is importable: a tree walk touches one random node per level, and
-per-op dispatch of ~20 levels of torch ops costs far more than the walk itself.
+For prioritized sampling a *block-min tree* sits beside the sum tree: a min tree whose slot
+``j`` holds the smallest positive value of the sum tree's leaf block ``j`` (slots ``8j`` to
+``8j + 7``, one cache line that an update has just read), so its root is the smallest positive
+stored value at an eighth of the memory of a per-slot min tree.
+
+The torch functions are the reference and run on CPU and CUDA tensors alike (vectorised over
+a batch, one level at a time). On CPU tensors the public functions dispatch to numba kernels
+with the same semantics when numba is importable.
 """
 
 from __future__ import annotations
 
+import functools
+import math
 from typing import Any
 
 import numpy as np
 import torch
 
 __all__ = [
+    "ARITY",
     "HAS_NUMBA",
+    "ROOT",
+    "draw",
+    "draw_reference",
     "find",
     "find_reference",
+    "layout",
     "leaf_count",
+    "leaf_offset",
+    "new_block_min_tree",
     "new_tree",
+    "set_priorities_reference",
     "update",
     "update_pair",
     "update_reference",
@@ -36,25 +54,60 @@ try:  # pragma: no cover - exercised by whichever environment runs the tests
 except ImportError:  # pragma: no cover
     HAS_NUMBA = False
 
+ARITY = 8
+ROOT = ARITY - 1  # padding before the root aligns every block of children to ARITY elements
+
 
 def leaf_count(capacity: int) -> int:
-    """``P``: the number of leaves, the smallest power of two ``>= capacity``.
+    """The number of leaves: the smallest power of ``ARITY`` that is ``>= capacity``.
 
     Examples:
-        >>> [leaf_count(c) for c in (1, 2, 3, 8, 9)]
-        [1, 2, 4, 8, 16]
+        >>> [leaf_count(c) for c in (1, 2, 8, 9, 1000)]
+        [1, 8, 8, 64, 4096]
     """
-    return 1 << max(0, (capacity - 1).bit_length())
+    leaves = 1
+    while leaves < capacity:
+        leaves *= ARITY
+    return leaves
+
+
+@functools.lru_cache(maxsize=64)
+def _offsets(size: int) -> tuple[int, ...]:
+    offsets, start, width = [], ROOT, 1
+    while start < size:
+        offsets.append(start)
+        start += width
+        width *= ARITY
+    if start != size:
+        raise ValueError(f"a tree has {ROOT} + (8**(d+1) - 1) / 7 elements, got {size}")
+    return tuple(offsets)
+
+
+def layout(tree: torch.Tensor) -> tuple[int, ...]:
+    """Offsets of the levels of ``tree``, root level first.
+
+    Examples:
+        >>> layout(new_tree(10, "sum"))
+        (7, 8, 16)
+    """
+    return _offsets(int(tree.shape[0]))
+
+
+def leaf_offset(tree: torch.Tensor) -> int:
+    """Index of slot 0's leaf."""
+    return layout(tree)[-1]
 
 
 def new_tree(
     capacity: int, op: str, dtype: torch.dtype = torch.float64, device: Any = "cpu"
 ) -> torch.Tensor:
-    """An empty tree for ``op`` (``"sum"``: zeros, ``"min"``: ``+inf``)."""
-    fill = 0.0 if op == "sum" else float("inf")
-    return torch.full((2 * leaf_count(capacity),), fill, dtype=dtype, device=device)
+    """An empty tree over ``capacity`` slots for ``op`` (``"sum"``: zeros, ``"min"``: ``+inf``)."""
+    size = ROOT + (leaf_count(capacity) * ARITY - 1) // (ARITY - 1)
+    fill = 0.0 if op == "sum" else math.inf
+    return torch.full((size,), fill, dtype=dtype, device=device)
 
 
+# --- torch reference (any device) -----------------------------------------------------------
 def _last_occurrence(index: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """Keep the last of duplicated indices (last write wins), vectorised."""
     order = torch.argsort(index, stable=True)
@@ -67,105 +120,244 @@ def _last_occurrence(index: torch.Tensor, values: torch.Tensor) -> tuple[torch.T
 def update_reference(
     tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: str
 ) -> None:
-    """Set slots ``index`` to ``values`` and recompute their ancestors (torch, any device).
-
-    Duplicated indices: the last value wins.
-    """
+    """Set slots ``index`` to ``values`` and recompute their ancestors (duplicates: last wins)."""
     if index.numel() == 0:
         return
-    leaves = tree.shape[0] // 2
+    offsets = layout(tree)
     index, values = _last_occurrence(index, values)
-    tree[index + leaves] = values.to(tree.dtype)
-    node = index + leaves
-    combine = torch.add if op == "sum" else torch.minimum
-    for _ in range(leaves.bit_length() - 1):
-        node = torch.unique(node // 2)
-        tree[node] = combine(tree[2 * node], tree[2 * node + 1])
+    tree[offsets[-1] + index] = values.to(tree.dtype)
+    children = torch.arange(ARITY, device=tree.device)
+    node = index
+    for level in range(len(offsets) - 2, -1, -1):
+        node = torch.unique(node // ARITY)
+        block = tree[(offsets[level + 1] + ARITY * node).unsqueeze(1) + children]
+        # sums accumulate in float64 left to right and round once, like the kernels: the
+        # same bits on every path and for every tree dtype
+        combined = block.double().cumsum(1)[:, -1] if op == "sum" else block.amin(1)
+        tree[offsets[level] + node] = combined.to(tree.dtype)
 
 
 def find_reference(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Slot of each prefix-sum target in a sum tree (torch, any device).
+    """Slot of each prefix-sum target in a sum tree.
 
-    Returns the slot ``s`` with ``sum(v[:s]) <= target < sum(v[:s + 1])``; a subtree of zero
-    mass is never entered, so a slot of value 0 is never returned while the root is positive
-    (targets rounded up to the total land on the last positive slot).
+    Returns the slot ``s`` with ``sum(v[:s]) <= target < sum(v[:s + 1])``. A child of zero
+    mass is never entered, so a slot of value 0 is never returned while the root is positive;
+    a target rounded up to (or past) the total lands on the last positive slot.
     """
-    leaves = tree.shape[0] // 2
-    node = torch.ones(targets.shape, dtype=torch.long, device=tree.device)
-    remaining = targets.to(tree.dtype)
-    for _ in range(leaves.bit_length() - 1):
-        left = tree[2 * node]
-        right = tree[2 * node + 1]
-        go_right = (remaining >= left) & (right > 0)
-        remaining = torch.where(go_right, remaining - left, remaining)
-        node = 2 * node + go_right.long()
-    return node - leaves
+    offsets = layout(tree)
+    node = torch.zeros(targets.shape, dtype=torch.long, device=tree.device)
+    remaining = targets.double()
+    children = torch.arange(ARITY, device=tree.device)
+    for level in range(len(offsets) - 1):
+        block = tree[(offsets[level + 1] + ARITY * node).unsqueeze(1) + children].double()
+        cumsum = block.cumsum(1)
+        chosen = (cumsum <= remaining.unsqueeze(1)).sum(1)
+        overflow = chosen == ARITY
+        if bool(overflow.any()):
+            last_positive = (ARITY - 1) - (block > 0).flip(1).long().argmax(1)
+            chosen = torch.where(overflow, last_positive, chosen)
+        before = cumsum.gather(1, (chosen - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
+        prefix = torch.where(chosen > 0, before, 0)
+        remaining = remaining - prefix
+        node = ARITY * node + chosen
+    return node
 
 
+def new_block_min_tree(
+    capacity: int, dtype: torch.dtype = torch.float64, device: Any = "cpu"
+) -> torch.Tensor:
+    """An empty block-min tree for a sum tree over ``capacity`` slots (one slot per 8)."""
+    return new_tree(max(1, leaf_count(capacity) // ARITY), "min", dtype, device)
+
+
+def set_priorities_reference(
+    sum_tree: torch.Tensor,
+    min_tree: torch.Tensor,
+    index: torch.Tensor,
+    priority: torch.Tensor,
+    eps: float,
+    alpha: float,
+) -> None:
+    """Store ``(priority + eps) ** alpha`` at ``index`` and refresh the block-min tree."""
+    if index.numel() == 0:
+        return
+    values = (priority.double() + eps).pow(alpha)
+    update_reference(sum_tree, index, values, "sum")
+    leaf0 = leaf_offset(sum_tree)
+    width = min(ARITY, sum_tree.shape[0] - leaf0)
+    blocks = torch.unique(index // ARITY)
+    rows = sum_tree[
+        (leaf0 + width * blocks).unsqueeze(1) + torch.arange(width, device=index.device)
+    ]
+    block_min = torch.where(rows > 0, rows, math.inf).amin(1)
+    update_reference(min_tree, blocks, block_min, "min")
+
+
+def draw_reference(
+    sum_tree: torch.Tensor, min_tree: torch.Tensor, targets: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Slots of ``targets`` and their weights ``(v / v_min) ** -beta`` as float32."""
+    index = find_reference(sum_tree, targets)
+    values = sum_tree[leaf_offset(sum_tree) + index].double()
+    return index, (values / float(min_tree[ROOT])).pow_(-beta).to(torch.float32)
+
+
+# --- numba kernels (CPU) ---------------------------------------------------------------------
 if HAS_NUMBA:
 
     @numba.njit(cache=True, nogil=True)
-    def _nb_update(tree: Any, index: Any, values: Any, is_sum: bool) -> None:  # pragma: no cover
-        leaves = tree.shape[0] // 2
-        for i in range(index.shape[0]):  # sequential: the last duplicate wins
-            tree[leaves + index[i]] = values[i]
-        for i in range(index.shape[0]):
-            node = (leaves + index[i]) // 2
-            while node >= 1:
-                a = tree[2 * node]
-                b = tree[2 * node + 1]
-                tree[node] = a + b if is_sum else min(a, b)
-                node //= 2
+    def _nb_fix_up(tree: Any, offsets: Any, slot: int, is_sum: bool) -> None:  # pragma: no cover
+        node = slot
+        for level in range(offsets.shape[0] - 2, -1, -1):
+            node //= 8
+            base = offsets[level + 1] + 8 * node
+            if is_sum:
+                acc = 0.0  # float64 whatever the tree dtype: one rounding per node
+                for c in range(8):
+                    acc += tree[base + c]
+                tree[offsets[level] + node] = acc
+            else:
+                m = tree[base]
+                for c in range(1, 8):
+                    m = min(m, tree[base + c])
+                tree[offsets[level] + node] = m
 
     @numba.njit(cache=True, nogil=True)
-    def _nb_update_pair(
-        sum_tree: Any, min_tree: Any, index: Any, values: Any, min_values: Any
+    def _nb_update(
+        tree: Any, offsets: Any, index: Any, values: Any, is_sum: bool
     ) -> None:  # pragma: no cover
-        leaves = sum_tree.shape[0] // 2
-        n = index.shape[0]
-        node = np.empty(n, np.int64)
-        for i in range(n):  # sequential: the last duplicate wins
-            node[i] = leaves + index[i]
-            sum_tree[node[i]] = values[i]
-            min_tree[node[i]] = min_values[i]
-        level = leaves
-        while level > 1:  # level-major: children are final before their parents
-            for i in range(n):
-                parent = node[i] // 2
-                node[i] = parent
-                sum_tree[parent] = sum_tree[2 * parent] + sum_tree[2 * parent + 1]
-                min_tree[parent] = min(min_tree[2 * parent], min_tree[2 * parent + 1])
-            level //= 2
+        leaf0 = offsets[offsets.shape[0] - 1]
+        for i in range(index.shape[0]):  # sequential: the last duplicate wins
+            tree[leaf0 + index[i]] = values[i]
+        for i in range(index.shape[0]):
+            _nb_fix_up(tree, offsets, index[i], is_sum)
 
     @numba.njit(cache=True, nogil=True)
-    def _nb_find(tree: Any, targets: Any, out: Any) -> None:  # pragma: no cover
-        leaves = tree.shape[0] // 2
+    def _nb_min_offsets(min_tree: Any, offsets: Any) -> Any:  # pragma: no cover
+        # the block-min tree has one level less than the sum tree (but at least the root)
+        depth = max(1, offsets.shape[0] - 1)
+        out = np.empty(depth, np.int64)
+        for level in range(depth):
+            out[level] = offsets[level]
+        return out
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_set_priorities(
+        sum_tree: Any,
+        min_tree: Any,
+        offsets: Any,
+        index: Any,
+        priority: Any,
+        filled: int,
+        eps: float,
+        alpha: float,
+    ) -> tuple[int, int, float]:  # pragma: no cover
+        # validate everything first: (0, -1, max) on success, else (code, position, 0)
+        n = index.shape[0]
+        top = 0.0
+        for i in range(n):
+            p = priority[i]
+            if index[i] < 0 or index[i] >= filled:
+                return 1, i, 0.0
+            if not np.isfinite(p):
+                return 2, i, 0.0
+            if p < 0:
+                return 3, i, 0.0
+            top = max(top, p)
+        leaf0 = offsets[offsets.shape[0] - 1]
+        width = min(8, sum_tree.shape[0] - leaf0)
+        for i in range(n):  # sequential: the last duplicate wins
+            sum_tree[leaf0 + index[i]] = (priority[i] + eps) ** alpha
+        min_offsets = _nb_min_offsets(min_tree, offsets)
+        min_leaf0 = min_offsets[min_offsets.shape[0] - 1]
+        for i in range(n):
+            block = index[i] // 8
+            base = leaf0 + width * block
+            m = np.inf  # the smallest positive value of the block (the line read just below)
+            for c in range(width):
+                v = sum_tree[base + c]
+                if 0 < v < m:
+                    m = v
+            node = index[i]
+            for level in range(offsets.shape[0] - 2, -1, -1):
+                node //= 8
+                base = offsets[level + 1] + 8 * node
+                acc = 0.0  # float64 whatever the tree dtype: one rounding per node
+                for c in range(8):
+                    acc += sum_tree[base + c]
+                sum_tree[offsets[level] + node] = acc
+            if min_tree[min_leaf0 + block] != m:
+                min_tree[min_leaf0 + block] = m
+                node = block
+                for level in range(min_offsets.shape[0] - 2, -1, -1):
+                    node //= 8
+                    base = min_offsets[level + 1] + 8 * node
+                    m = min_tree[base]
+                    for c in range(1, 8):
+                        m = min(m, min_tree[base + c])
+                    if min_tree[min_offsets[level] + node] == m:
+                        break  # above an unchanged minimum the path is settled
+                    min_tree[min_offsets[level] + node] = m
+        return 0, -1, top
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_find(tree: Any, offsets: Any, targets: Any, out: Any) -> None:  # pragma: no cover
         n = targets.shape[0]
         remaining = targets.copy()
         for i in range(n):
-            out[i] = 1
-        level = leaves
-        while level > 1:  # level-major: the walks' memory loads overlap
+            out[i] = 0
+        for level in range(offsets.shape[0] - 1):  # level-major: the walks' loads overlap
+            start = offsets[level + 1]
             for i in range(n):
-                node = out[i]
-                left = tree[2 * node]
-                if remaining[i] >= left and tree[2 * node + 1] > 0:
-                    remaining[i] -= left
-                    out[i] = 2 * node + 1
-                else:
-                    out[i] = 2 * node
-            level //= 2
-        for i in range(n):
-            out[i] -= leaves
+                base = start + 8 * out[i]
+                acc = 0.0
+                chosen = -1
+                last = 0
+                prefix_last = 0.0
+                for c in range(8):
+                    v = tree[base + c]
+                    if v > 0:
+                        last = c
+                        prefix_last = acc
+                    if remaining[i] < acc + v:
+                        chosen = c
+                        break
+                    acc += v
+                if chosen < 0:  # rounded up to the total: the last positive child
+                    chosen = last
+                    acc = prefix_last
+                remaining[i] -= acc
+                out[i] = 8 * out[i] + chosen
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_draw(
+        sum_tree: Any,
+        offsets: Any,
+        min_root: float,
+        targets: Any,
+        beta: float,
+        index: Any,
+        weight: Any,
+    ) -> None:  # pragma: no cover
+        _nb_find(sum_tree, offsets, targets, index)
+        leaf0 = offsets[offsets.shape[0] - 1]
+        for i in range(index.shape[0]):
+            weight[i] = (sum_tree[leaf0 + index[i]] / min_root) ** -beta
 
 
+def _np_offsets(tree: torch.Tensor) -> np.ndarray:
+    return np.asarray(layout(tree), dtype=np.int64)
+
+
+# --- dispatching API -------------------------------------------------------------------------
 def update(tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: str) -> None:
     """Set slots ``index`` to ``values`` and recompute ancestors (numba on CPU, else torch)."""
     if HAS_NUMBA and tree.device.type == "cpu":
         _nb_update(
             tree.numpy(),
+            _np_offsets(tree),
             index.numpy().astype(np.int64, copy=False),
-            values.to(tree.dtype).numpy(),
+            values.double().numpy(),
             op == "sum",
         )
     else:
@@ -179,24 +371,35 @@ def update_pair(
     values: torch.Tensor,
     min_values: torch.Tensor,
 ) -> None:
-    """Update a sum tree and a min tree over the same slots in one pass (CPU: one kernel)."""
-    if HAS_NUMBA and sum_tree.device.type == "cpu":
-        _nb_update_pair(
-            sum_tree.numpy(),
-            min_tree.numpy(),
-            index.numpy().astype(np.int64, copy=False),
-            values.to(sum_tree.dtype).numpy(),
-            min_values.to(min_tree.dtype).numpy(),
-        )
-    else:
-        update_reference(sum_tree, index, values, "sum")
-        update_reference(min_tree, index, min_values, "min")
+    """Update a sum tree and a min tree over the same slots."""
+    update(sum_tree, index, values, "sum")
+    update(min_tree, index, min_values, "min")
 
 
 def find(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Slot of each prefix-sum target in a sum tree (numba on CPU, else torch)."""
     if HAS_NUMBA and tree.device.type == "cpu":
         out = torch.empty(targets.shape, dtype=torch.long)
-        _nb_find(tree.numpy(), targets.to(tree.dtype).numpy(), out.numpy())
+        _nb_find(tree.numpy(), _np_offsets(tree), targets.double().numpy(), out.numpy())
         return out
     return find_reference(tree, targets)
+
+
+def draw(
+    sum_tree: torch.Tensor, min_tree: torch.Tensor, targets: torch.Tensor, beta: float
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Like :func:`draw_reference`; on CPU one numba kernel walks and weighs."""
+    if HAS_NUMBA and sum_tree.device.type == "cpu":
+        index = torch.empty(targets.shape, dtype=torch.long)
+        weight = torch.empty(targets.shape, dtype=torch.float32)
+        _nb_draw(
+            sum_tree.numpy(),
+            _np_offsets(sum_tree),
+            float(min_tree[ROOT]),
+            targets.double().numpy(),
+            beta,
+            index.numpy(),
+            weight.numpy(),
+        )
+        return index, weight
+    return draw_reference(sum_tree, min_tree, targets, beta)

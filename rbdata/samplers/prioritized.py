@@ -24,6 +24,23 @@ def _check_exponent(value: Any, name: str) -> float:
     return float(value)
 
 
+def _as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
+    """A 1-D (or 0-d) numpy copy of a tensor, array, list or scalar, of ``dtype``."""
+    if isinstance(value, torch.Tensor):
+        if value.requires_grad:
+            value = value.detach()
+        if value.device.type != "cpu":
+            value = value.cpu()
+        value = value.numpy()
+    arr = value if type(value) is np.ndarray else np.asarray(value)
+    if dtype is np.int64 and arr.dtype.kind not in "iu":
+        raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
+    if arr.dtype.kind not in "biuf":
+        raise TypeError(f"{name}: expected numbers, got dtype {arr.dtype}")
+    arr = arr.astype(dtype, copy=False)
+    return arr if arr.ndim == 0 else np.ascontiguousarray(arr.reshape(-1))
+
+
 class PrioritizedSampler(Sampler):
     """Sample item ``i`` with probability ``P(i) = v_i / sum_j v_j``, ``v_i = (p_i + eps)^alpha``.
 
@@ -52,6 +69,10 @@ class PrioritizedSampler(Sampler):
         default_priority: priority of new items; ``None`` uses the highest seen so far
             (initially ``max_priority``).
         max_priority: the initial "highest priority seen so far".
+        dtype: storage dtype of the trees. ``float32`` (as cpprb and TorchRL) halves the
+            memory a random walk touches; sums are still accumulated and searched in float64,
+            so the cost is a ~1e-7 relative rounding of each stored value. ``float64`` for
+            exact sums.
 
     Examples:
         >>> import torch
@@ -77,6 +98,7 @@ class PrioritizedSampler(Sampler):
         stratified: bool = False,
         default_priority: float | None = None,
         max_priority: float = 1.0,
+        dtype: torch.dtype = torch.float32,
     ) -> None:
         super().__init__(data_source, generator)
         self.capacity = check_capacity(capacity, "capacity")
@@ -89,10 +111,16 @@ class PrioritizedSampler(Sampler):
         self.default_priority = default_priority
         self._initial_max = _check_exponent(max_priority, "max_priority")
         self.device = torch.device(device)
-        self._sum = _sumtree.new_tree(self.capacity, "sum", device=self.device)
-        self._min = _sumtree.new_tree(self.capacity, "min", device=self.device)
-        self._leaves = _sumtree.leaf_count(self.capacity)
+        if dtype not in (torch.float32, torch.float64):
+            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        self._sum = _sumtree.new_tree(self.capacity, "sum", dtype, self.device)
+        self._min = _sumtree.new_block_min_tree(self.capacity, dtype, self.device)
+        self._leaf0 = _sumtree.leaf_offset(self._sum)
         self._max_priority = self._initial_max
+        self._fast = _sumtree.HAS_NUMBA and self.device.type == "cpu"
+        if self._fast:  # numpy views of the trees for the numba kernels
+            self._sum_np, self._min_np = self._sum.numpy(), self._min.numpy()
+            self._offsets_np = np.asarray(_sumtree.layout(self._sum), dtype=np.int64)
 
     # --- priorities ---------------------------------------------------------------------
     @property
@@ -104,13 +132,13 @@ class PrioritizedSampler(Sampler):
         return len(self.data_source) if self.data_source is not None else self.capacity
 
     def _set(self, index: torch.Tensor, priority: torch.Tensor) -> None:
-        values = (priority + self.eps).pow(self.alpha)
-        min_values = torch.where(values > 0, values, math.inf)
-        _sumtree.update_pair(self._sum, self._min, index, values, min_values)
+        _sumtree.set_priorities_reference(
+            self._sum, self._min, index, priority, self.eps, self.alpha
+        )
 
     def priority_values(self, index: Any = None) -> torch.Tensor:
         """The stored values ``(p + eps)^alpha`` at ``index`` (default: every slot)."""
-        leaves = self._sum[self._leaves : self._leaves + self.capacity]
+        leaves = self._sum[self._leaf0 : self._leaf0 + self.capacity]
         return leaves.clone() if index is None else leaves[torch.as_tensor(index)]
 
     def update_priority(self, index: Any, priority: Any) -> None:
@@ -121,43 +149,61 @@ class PrioritizedSampler(Sampler):
         touched: an index outside the filled range or a NaN, infinite or negative priority
         raises ``ValueError`` and changes nothing.
         """
-        idx = torch.as_tensor(np.asarray(index) if isinstance(index, list) else index)
-        if idx.dtype == torch.bool or idx.is_floating_point() or idx.is_complex():
-            raise TypeError(f"index: expected integers, got dtype {idx.dtype}")
-        idx = idx.reshape(-1).to(device="cpu", dtype=torch.long)
-        prio = torch.as_tensor(priority, dtype=torch.float64)
-        prio = prio.reshape(-1).cpu() if prio.dim() else prio.cpu().expand(idx.shape[0])
-        if prio.shape[0] != idx.shape[0]:
+        idx = _as_numpy(index, np.int64, "index")
+        prio = _as_numpy(priority, np.float64, "priority")
+        if prio.ndim == 0:
+            prio = np.full(idx.shape, float(prio))
+        if prio.shape != idx.shape:
             raise ValueError(
                 f"priority: expected {idx.shape[0]} values (one per index), got {prio.shape[0]}"
             )
-        if idx.numel() == 0:
-            return
         filled = self._filled()
-        lo, hi = int(idx.min()), int(idx.max())
-        if lo < 0 or hi >= filled:
-            bad = lo if lo < 0 else hi
-            raise ValueError(f"index: {bad} is outside the filled range [0, {filled})")
-        finite = torch.isfinite(prio)
-        if not bool(finite.all()):
-            bad_value = float(prio[~finite][0])
-            raise ValueError(f"priority: expected finite values, got {bad_value}")
-        if bool((prio < 0).any()):
-            raise ValueError(f"priority: expected values >= 0, got {float(prio.min())}")
-        self._max_priority = max(self._max_priority, float(prio.max()))
-        self._set(idx.to(self.device), prio.to(self.device))
+        if self._fast:  # validation, transform and both trees in one kernel
+            code, pos, top = _sumtree._nb_set_priorities(
+                self._sum_np,
+                self._min_np,
+                self._offsets_np,
+                idx,
+                prio,
+                filled,
+                self.eps,
+                self.alpha,
+            )
+            if code:
+                self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
+        else:
+            for code, bad in enumerate(
+                ((idx < 0) | (idx >= filled), ~np.isfinite(prio), prio < 0), start=1
+            ):
+                if bad.any():
+                    pos = int(np.argmax(bad))
+                    self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
+            top = float(prio.max()) if prio.size else 0.0
+            if idx.size:
+                device = self.device
+                self._set(torch.from_numpy(idx).to(device), torch.from_numpy(prio).to(device))
+        self._max_priority = max(self._max_priority, top)
+
+    @staticmethod
+    def _refuse(code: int, index: int, priority: float, filled: int) -> None:
+        if code == 1:
+            raise ValueError(f"index: {index} is outside the filled range [0, {filled})")
+        if code == 2:
+            raise ValueError(f"priority: expected finite values, got {priority}")
+        raise ValueError(f"priority: expected values >= 0, got {priority}")
 
     def on_write(self, index: int | torch.Tensor, data: Any) -> None:
         """Give newly written items the default (or highest seen) priority."""
-        idx = torch.tensor([index]) if isinstance(index, int) else index.reshape(-1)
         p = self._max_priority if self.default_priority is None else self.default_priority
-        self._set(idx.to(self.device), torch.full(idx.shape, p, dtype=torch.float64))
+        if isinstance(index, int):
+            index = torch.tensor([index])
+        self.update_priority(index, p)
 
     def attach(self, storage: Sized) -> None:
         """Bind to a storage; items already in it get the default priority."""
         super().attach(storage)
         n = len(storage)
-        if n and float(self._sum[1]) == 0:
+        if n and float(self._sum[_sumtree.ROOT]) == 0:
             self.on_write(torch.arange(n), None)
 
     def reset(self) -> None:
@@ -170,16 +216,33 @@ class PrioritizedSampler(Sampler):
     def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Draw indices proportionally to priority, with their importance weights."""
         self._length()  # a bound, non-empty storage
-        total = self._sum[1]
         u = torch.rand(batch_size, generator=self.generator, dtype=torch.float64)
         if self.stratified:
             u = (torch.arange(batch_size, dtype=torch.float64) + u) / batch_size
-        if float(total) <= 0:  # one sync on CUDA; an all-zero tree has no distribution
+        if self._fast:  # numpy views straight into one kernel: no torch glue per call
+            total = float(self._sum_np[_sumtree.ROOT])
+            if total <= 0:
+                raise ValueError("cannot sample: every priority in the buffer is zero")
+            targets = u.numpy()
+            targets *= total
+            idx = np.empty(batch_size, np.int64)
+            weight = np.empty(batch_size, np.float32)
+            _sumtree._nb_draw(
+                self._sum_np,
+                self._offsets_np,
+                float(self._min_np[_sumtree.ROOT]),
+                targets,
+                self.beta,
+                idx,
+                weight,
+            )
+            return torch.from_numpy(idx), {"weight": torch.from_numpy(weight)}
+        root = self._sum[_sumtree.ROOT]
+        if float(root) <= 0:  # one sync on CUDA; an all-zero tree has no distribution
             raise ValueError("cannot sample: every priority in the buffer is zero")
-        idx = _sumtree.find(self._sum, u.to(self.device).mul_(total))
-        values = self._sum[idx + self._leaves]
-        weight = (values / self._min[1]).pow_(-self.beta).to(torch.float32)
-        return idx, {"weight": weight}
+        on_device = u.to(self.device).mul_(root)
+        index, weights = _sumtree.draw(self._sum, self._min, on_device, self.beta)
+        return index, {"weight": weights}
 
     # --- state --------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
