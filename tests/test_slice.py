@@ -153,3 +153,33 @@ def test_index_of_a_reopened_storage(tmp_path: object) -> None:
     assert {int(s) for s in batch["t"][:, 0]} <= valid_starts(steps, 20, 5)
     assert bool((batch["episode"] == batch["episode"][:, :1]).all())
     again.storage.close()  # type: ignore[attr-defined]
+
+
+@settings(max_examples=80, deadline=None)
+@given(
+    lengths=st.lists(st.integers(1, 12), min_size=1, max_size=8),
+    capacity=st.integers(5, 40),
+    length=st.integers(1, 5),
+    strict=st.booleans(),
+    base=st.integers(0, 39),
+    seed=st.integers(0, 2**16),
+)
+def test_kernel_draw_matches_the_reference(
+    lengths: list[int], capacity: int, length: int, strict: bool, base: int, seed: int
+) -> None:
+    from rbdata.samplers import _slices
+
+    time = sum(lengths)
+    ends = torch.cumsum(torch.tensor(lengths), 0) - 1
+    ends = ends[ends >= max(0, time - capacity)]
+    cumsum, shift, stops = _slices.segments(ends, time, capacity, length, strict)
+    total = int(cumsum[-1])
+    if total == 0:
+        return
+    r = torch.randint(total, (16,), generator=torch.Generator().manual_seed(seed))
+    args = (cumsum, shift, stops, r, length, base % capacity, capacity, strict)
+    fast, ref = _slices.draw(*args), _slices.draw_reference(*args)
+    assert torch.equal(fast[0], ref[0])
+    assert (fast[1] is None) == (ref[1] is None)
+    if ref[1] is not None:
+        assert torch.equal(fast[1], ref[1])  # type: ignore[arg-type]

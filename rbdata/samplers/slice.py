@@ -19,6 +19,7 @@ from typing import Any
 import torch
 
 from rbdata._layout import Key, flatten, key_name, stack_items
+from rbdata.samplers import _slices
 from rbdata.samplers.base import Sampler
 
 __all__ = ["SliceSampler"]
@@ -98,8 +99,9 @@ class SliceSampler(Sampler):
         self._base: int | None = None  # slot of time 0
         self._ends = torch.empty(0, dtype=torch.long)  # times of episode ends in the buffer
         self._last_traj: Any = None
-        self._cache: tuple[torch.Tensor, ...] | None = None
+        self._cache: tuple[Any, ...] | None = None
         self._cache_len: int | None = None
+        self._ids_cache: dict[tuple[int, int], torch.Tensor] = {}
 
     @property
     def _capacity(self) -> int:
@@ -197,51 +199,43 @@ class SliceSampler(Sampler):
             )
         return self.num_slices, batch_size // self.num_slices
 
-    def _segments(self, length: int) -> tuple[torch.Tensor, ...]:
-        if self._cache is not None and self._cache_len == length:
-            return self._cache
-        end = self._time
-        oldest = max(0, end - self._capacity)
-        ends = self._ends
-        inner = ends[ends < end - 1] + 1  # segment starts after each end (not past the newest)
-        starts = torch.cat([torch.tensor([oldest]), inner])
-        stops = torch.cat([inner, torch.tensor([end])])
-        lengths = stops - starts
-        if self.strict_length:
-            counts = (lengths - length + 1).clamp_(min=0)
-        else:
-            counts = torch.where(lengths >= length, lengths - length + 1, (lengths > 0).long())
-        cumsum = torch.cumsum(counts, 0)
-        # start time of draw r in segment s: r - (cumsum[s] - counts[s]) + starts[s]
-        shift = starts - (cumsum - counts)
-        self._cache = (cumsum, shift, stops)
-        self._cache_len = length
-        return self._cache
+    def _segments(self, length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+        cache = self._cache
+        if cache is not None and self._cache_len == length:
+            return cache
+        cumsum, shift, stops = _slices.segments(
+            self._ends, self._time, self._capacity, length, self.strict_length
+        )
+        cache = (cumsum, shift, stops, int(cumsum[-1]))
+        self._cache, self._cache_len = cache, length
+        return cache
+
+    def _slice_ids(self, num_slices: int, length: int) -> torch.Tensor:
+        key = (num_slices, length)
+        ids = self._ids_cache.get(key)
+        if ids is None:
+            ids = self._ids_cache[key] = torch.arange(num_slices).repeat_interleave(length)
+        return ids.clone()  # the caller owns its batch
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Draw ``num_slices`` slices as one flat batch of indices (see the class doc)."""
         num_slices, length = self._shape(batch_size)
         self._length()  # bound and non-empty
-        cumsum, shift, stops = self._segments(length)
-        total = int(cumsum[-1])
+        cumsum, shift, stops, total = self._segments(length)
         if total == 0:
             raise ValueError(
                 f"SliceSampler: no episode in the buffer has {length} steps "
                 "(use strict_length=False to sample shorter ones)"
             )
         r = torch.randint(total, (num_slices,), generator=self.generator)
-        seg = torch.searchsorted(cumsum, r, right=True)
-        start = r + shift[seg]
-        times = (start.unsqueeze(1) + torch.arange(length)).reshape(-1)
-        extras: dict[str, torch.Tensor] = {
-            "slice": torch.arange(num_slices).repeat_interleave(length)
-        }
-        if not self.strict_length:
-            last = (stops[seg] - 1).repeat_interleave(length)
-            extras["mask"] = times <= last
-            times = torch.minimum(times, last)
-        assert self._base is not None
-        return times.add_(self._base).remainder_(self._capacity), extras
+        assert self._base is not None  # set by the first write
+        index, mask = _slices.draw(
+            cumsum, shift, stops, r, length, self._base, self._capacity, self.strict_length
+        )
+        extras = {"slice": self._slice_ids(num_slices, length)}
+        if mask is not None:
+            extras["mask"] = mask
+        return index, extras
 
     # --- state ------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:

@@ -1,0 +1,130 @@
+"""Trajectory-slice arithmetic: pure functions over tensors, with a numba kernel for the draw.
+
+Times are absolute step counters; the buffer holds ``[max(0, time - capacity), time)`` and a
+time ``t`` lives in slot ``(base + t) % capacity``. ``ends`` are the (sorted) times of episode
+ends still in the buffer.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata.samplers._sumtree import HAS_NUMBA
+
+__all__ = ["draw_reference", "segments"]
+
+if HAS_NUMBA:
+    import numba
+
+
+def segments(
+    ends: torch.Tensor, time: int, capacity: int, length: int, strict: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-segment draw tables for slices of ``length`` steps.
+
+    A segment is a maximal run of retained times inside one episode. Returns ``cumsum`` (the
+    running count of valid slice starts), ``shift`` (start time of draw ``r`` in segment
+    ``s`` is ``r + shift[s]``) and ``stops`` (one past each segment's last time).
+
+    Examples:
+        >>> cumsum, shift, stops = segments(torch.tensor([4]), 10, 100, 3, True)
+        >>> cumsum.tolist(), (torch.tensor([0, 3]) + shift).tolist(), stops.tolist()
+        ([3, 6], [0, 5], [5, 10])
+    """
+    oldest = max(0, time - capacity)
+    # ends are sorted: those before the newest step start a segment after them
+    inner = ends[: int(torch.searchsorted(ends, time - 1))] + 1
+    starts = torch.cat([torch.tensor([oldest]), inner])
+    stops = torch.cat([inner, torch.tensor([time])])
+    lengths = stops - starts
+    if strict:
+        counts = (lengths - length + 1).clamp_(min=0)
+    else:
+        counts = torch.where(lengths >= length, lengths - length + 1, (lengths > 0).long())
+    cumsum = torch.cumsum(counts, 0)
+    return cumsum, starts - (cumsum - counts), stops
+
+
+def draw_reference(
+    cumsum: torch.Tensor,
+    shift: torch.Tensor,
+    stops: torch.Tensor,
+    r: torch.Tensor,
+    length: int,
+    base: int,
+    capacity: int,
+    strict: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Slots of the slices that start at draws ``r``, flat, and the padding mask (or None)."""
+    seg = torch.searchsorted(cumsum, r, right=True)
+    times = ((r + shift[seg]).unsqueeze(1) + torch.arange(length)).reshape(-1)
+    mask = None
+    if not strict:
+        last = (stops[seg] - 1).repeat_interleave(length)
+        mask = times <= last
+        times = torch.minimum(times, last)
+    return (times + base) % capacity, mask
+
+
+if HAS_NUMBA:
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_draw(
+        cumsum: Any,
+        shift: Any,
+        stops: Any,
+        r: Any,
+        length: int,
+        base: int,
+        capacity: int,
+        strict: bool,
+        out: Any,
+        mask: Any,
+    ) -> None:  # pragma: no cover
+        k = 0
+        for i in range(r.shape[0]):
+            seg = np.searchsorted(cumsum, r[i], side="right")
+            start = r[i] + shift[seg]
+            last = stops[seg] - 1
+            for j in range(length):
+                t = start + j
+                valid = strict or t <= last
+                if not valid:
+                    t = last
+                mask[k] = valid
+                out[k] = (base + t) % capacity
+                k += 1
+
+
+def draw(
+    cumsum: torch.Tensor,
+    shift: torch.Tensor,
+    stops: torch.Tensor,
+    r: torch.Tensor,
+    length: int,
+    base: int,
+    capacity: int,
+    strict: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Like :func:`draw_reference`; one numba kernel when numba is importable."""
+    if not HAS_NUMBA:
+        return draw_reference(cumsum, shift, stops, r, length, base, capacity, strict)
+    n = r.shape[0] * length
+    out = np.empty(n, np.int64)
+    mask = np.empty(n, np.bool_)
+    _nb_draw(
+        cumsum.numpy(),
+        shift.numpy(),
+        stops.numpy(),
+        r.numpy(),
+        length,
+        base,
+        capacity,
+        strict,
+        out,
+        mask,
+    )
+    return torch.from_numpy(out), None if strict else torch.from_numpy(mask)
