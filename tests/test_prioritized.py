@@ -109,6 +109,12 @@ def test_update_priority_input_types_and_duplicates(convert: object) -> None:
     assert rb.sampler.priority_values([2, 5]).tolist() == [3.0, 7.0]  # type: ignore[attr-defined]
     rb.update_priority(convert([4, 6]), 0.5)  # type: ignore[operator]
     assert rb.sampler.priority_values([4, 6]).tolist() == [0.5, 0.5]  # type: ignore[attr-defined]
+    rb.update_priority(7, 4.0)  # one index, one priority
+    rb.update_priority(torch.tensor(8), torch.tensor(2.0, dtype=torch.float32))
+    assert rb.sampler.priority_values([7, 8]).tolist() == [4.0, 2.0]  # type: ignore[attr-defined]
+    for floats in ([1.5], np.array([1.5]), torch.tensor([1.5])):
+        with pytest.raises(TypeError, match="index: expected integers"):
+            rb.update_priority(floats, 1.0)
 
 
 @pytest.mark.parametrize(

@@ -13,6 +13,9 @@ from rbdata._index import check_capacity
 from rbdata.samplers import _sumtree
 from rbdata.samplers.base import Sampler
 
+if _sumtree.HAS_NUMBA:
+    from rbdata.samplers._sumtree import _nb_set_priorities
+
 __all__ = ["PrioritizedSampler"]
 
 
@@ -24,8 +27,20 @@ def _check_exponent(value: Any, name: str) -> float:
     return float(value)
 
 
+# tensors taken as they are (the kernels read float32 or float64 priorities alike)
+_AS_IS: dict[type, tuple[torch.dtype, ...]] = {
+    np.int64: (torch.int64,),
+    np.float64: (torch.float64, torch.float32),
+}
+
+
 def _as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
-    """A 1-D (or 0-d) numpy copy of a tensor, array, list or scalar, of ``dtype``."""
+    """A 1-D (or 0-d) numpy view or copy of a tensor, array, list or scalar, of ``dtype``."""
+    if type(value) is torch.Tensor and value.dtype in _AS_IS[dtype] and value.dim() == 1:
+        try:  # the common case, a 1-D CPU tensor of the right dtype: a view
+            return value.numpy()
+        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
+            pass
     if isinstance(value, torch.Tensor):
         if value.requires_grad:
             value = value.detach()
@@ -33,6 +48,8 @@ def _as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
             value = value.cpu()
         value = value.numpy()
     arr = value if type(value) is np.ndarray else np.asarray(value)
+    if arr.ndim == 1 and arr.dtype == np.float32 and dtype is np.float64:
+        return np.ascontiguousarray(arr)  # read as it is, no float64 copy
     if dtype is np.int64 and arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.dtype.kind not in "biuf":
@@ -150,16 +167,18 @@ class PrioritizedSampler(Sampler):
         raises ``ValueError`` and changes nothing.
         """
         idx = _as_numpy(index, np.int64, "index")
+        if idx.ndim == 0:
+            idx = idx.reshape(1)
         prio = _as_numpy(priority, np.float64, "priority")
         if prio.ndim == 0:
             prio = np.full(idx.shape, float(prio))
-        if prio.shape != idx.shape:
+        if prio.shape[0] != idx.shape[0]:
             raise ValueError(
                 f"priority: expected {idx.shape[0]} values (one per index), got {prio.shape[0]}"
             )
         filled = self._filled()
         if self._fast:  # validation, transform and both trees in one kernel
-            code, pos, top = _sumtree._nb_set_priorities(
+            code, pos, top = _nb_set_priorities(
                 self._sum_np,
                 self._min_np,
                 self._offsets_np,
