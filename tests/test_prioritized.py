@@ -238,3 +238,12 @@ def test_cuda_sampler_matches_cpu() -> None:
     cpu, gpu = run("cpu"), run("cuda")
     assert cpu[0] == gpu[0]
     torch.testing.assert_close(cpu[1], gpu[1])
+
+
+def test_read_only_arrays_are_accepted() -> None:
+    rb = make(alpha=1.0, beta=0.0, eps=0.0)
+    index, priority = np.array([1, 2]), np.array([3.0, 4.0])
+    index.flags.writeable = False
+    priority.flags.writeable = False
+    rb.update_priority(index, priority)
+    assert rb.sampler.priority_values([1, 2]).tolist() == [3.0, 4.0]  # type: ignore[attr-defined]

@@ -22,7 +22,8 @@ def _apply(ops: list[tuple[list[int], list[int]]], capacity: int, fast: bool) ->
         idx = torch.tensor(index, dtype=torch.long)
         val = torch.tensor(values, dtype=torch.float64)
         if fast:
-            _sumtree.update_pair(s, m, idx, val, val)
+            _sumtree.update(s, idx, val, "sum")
+            _sumtree.update(m, idx, val, "min")
         else:
             _sumtree.update_reference(s, idx, val, "sum")
             _sumtree.update_reference(m, idx, val, "min")

@@ -43,7 +43,6 @@ __all__ = [
     "new_tree",
     "set_priorities_reference",
     "update",
-    "update_pair",
     "update_reference",
 ]
 
@@ -362,18 +361,6 @@ def update(tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: st
         )
     else:
         update_reference(tree, index, values, op)
-
-
-def update_pair(
-    sum_tree: torch.Tensor,
-    min_tree: torch.Tensor,
-    index: torch.Tensor,
-    values: torch.Tensor,
-    min_values: torch.Tensor,
-) -> None:
-    """Update a sum tree and a min tree over the same slots."""
-    update(sum_tree, index, values, "sum")
-    update(min_tree, index, min_values, "min")
 
 
 def find(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:

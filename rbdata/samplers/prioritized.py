@@ -148,11 +148,6 @@ class PrioritizedSampler(Sampler):
     def _filled(self) -> int:
         return len(self.data_source) if self.data_source is not None else self.capacity
 
-    def _set(self, index: torch.Tensor, priority: torch.Tensor) -> None:
-        _sumtree.set_priorities_reference(
-            self._sum, self._min, index, priority, self.eps, self.alpha
-        )
-
     def priority_values(self, index: Any = None) -> torch.Tensor:
         """The stored values ``(p + eps)^alpha`` at ``index`` (default: every slot)."""
         leaves = self._sum[self._leaf0 : self._leaf0 + self.capacity]
@@ -198,9 +193,15 @@ class PrioritizedSampler(Sampler):
                     pos = int(np.argmax(bad))
                     self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
             top = float(prio.max()) if prio.size else 0.0
-            if idx.size:
-                device = self.device
-                self._set(torch.from_numpy(idx).to(device), torch.from_numpy(prio).to(device))
+            if idx.size:  # torch.tensor copies: the arrays may be read-only views
+                _sumtree.set_priorities_reference(
+                    self._sum,
+                    self._min,
+                    torch.tensor(idx, device=self.device),
+                    torch.tensor(prio, device=self.device),
+                    self.eps,
+                    self.alpha,
+                )
         self._max_priority = max(self._max_priority, top)
 
     @staticmethod
