@@ -1,13 +1,15 @@
 """Sum and min trees over per-slot values: pure functions over tensors, on any device.
 
-The trees are **8-ary**, stored level by level in one 1-D tensor of any float dtype (sums are
-accumulated in float64 and rounded once per node; searches run in float64): the 8 children of a node
-are contiguous and start on a multiple of 8 elements (one 64-byte cache line in float64), so
-a root-to-leaf walk over 1M slots touches 7 lines instead of the 20 of a binary tree; random
-walks miss cache, and the misses are the cost. ``layout(size)`` gives the level offsets: level
-``l`` holds ``8**l`` nodes from ``offsets[l]``, node ``j`` of level ``l`` has children
-``offsets[l + 1] + 8 * j + c``, slot ``s`` is leaf ``offsets[-1] + s``, the root is element
-``ROOT``. Padding leaves hold the identity of the operation (0 for sums, ``+inf`` for minima).
+The trees are **8-ary**, stored level by level in one 1-D tensor of any float dtype: the 8
+children of a node are contiguous and start on a multiple of 8 elements (at most one 64-byte
+cache line), so a root-to-leaf walk over 1M slots touches 7 lines instead of the 20 of a
+binary tree; random walks miss cache, and the misses are the cost. A node's sum is a float64
+pairwise sum of its 8 children, rounded once; searches run in float64.
+
+``layout(tree)`` gives the level offsets: level ``l`` holds ``8**l`` nodes from
+``offsets[l]``, node ``j`` of level ``l`` has children ``offsets[l + 1] + 8 * j + c``, slot
+``s`` is leaf ``offsets[-1] + s``, the root is element ``ROOT``. Padding leaves hold the
+identity of the operation (0 for sums, ``+inf`` for minima).
 
 For prioritized sampling a *block-min tree* sits beside the sum tree: a min tree whose slot
 ``j`` holds the smallest positive value of the sum tree's leaf block ``j`` (slots ``8j`` to
@@ -116,6 +118,12 @@ def _last_occurrence(index: torch.Tensor, values: torch.Tensor) -> tuple[torch.T
     return sorted_index[keep], values[order[keep]]
 
 
+def _pairwise_sum(block: torch.Tensor) -> torch.Tensor:
+    """``((b0 + b1) + (b2 + b3)) + ((b4 + b5) + (b6 + b7))`` per row: a depth-3 add tree."""
+    b = block
+    return ((b[:, 0] + b[:, 1]) + (b[:, 2] + b[:, 3])) + ((b[:, 4] + b[:, 5]) + (b[:, 6] + b[:, 7]))
+
+
 def update_reference(
     tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: str
 ) -> None:
@@ -130,9 +138,9 @@ def update_reference(
     for level in range(len(offsets) - 2, -1, -1):
         node = torch.unique(node // ARITY)
         block = tree[(offsets[level + 1] + ARITY * node).unsqueeze(1) + children]
-        # sums accumulate in float64 left to right and round once, like the kernels: the
-        # same bits on every path and for every tree dtype
-        combined = block.double().cumsum(1)[:, -1] if op == "sum" else block.amin(1)
+        # sums: float64, pairwise, rounded once, exactly like the kernels (the same bits on
+        # every path and for every tree dtype)
+        combined = _pairwise_sum(block.double()) if op == "sum" else block.amin(1)
         tree[offsets[level] + node] = combined.to(tree.dtype)
 
 
@@ -204,6 +212,15 @@ def draw_reference(
 # --- numba kernels (CPU) ---------------------------------------------------------------------
 if HAS_NUMBA:
 
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _nb_block_sum(tree: Any, base: int) -> float:  # pragma: no cover
+        # a depth-3 add tree in float64: 3 dependent adds instead of 8
+        a = np.float64(tree[base]) + np.float64(tree[base + 1])
+        b = np.float64(tree[base + 2]) + np.float64(tree[base + 3])
+        c = np.float64(tree[base + 4]) + np.float64(tree[base + 5])
+        d = np.float64(tree[base + 6]) + np.float64(tree[base + 7])
+        return (a + b) + (c + d)
+
     @numba.njit(cache=True, nogil=True)
     def _nb_fix_up(tree: Any, offsets: Any, slot: int, is_sum: bool) -> None:  # pragma: no cover
         node = slot
@@ -211,10 +228,7 @@ if HAS_NUMBA:
             node //= 8
             base = offsets[level + 1] + 8 * node
             if is_sum:
-                acc = 0.0  # float64 whatever the tree dtype: one rounding per node
-                for c in range(8):
-                    acc += tree[base + c]
-                tree[offsets[level] + node] = acc
+                tree[offsets[level] + node] = _nb_block_sum(tree, base)
             else:
                 m = tree[base]
                 for c in range(1, 8):
@@ -281,10 +295,7 @@ if HAS_NUMBA:
             for level in range(offsets.shape[0] - 2, -1, -1):
                 node //= 8
                 base = offsets[level + 1] + 8 * node
-                acc = 0.0  # float64 whatever the tree dtype: one rounding per node
-                for c in range(8):
-                    acc += sum_tree[base + c]
-                sum_tree[offsets[level] + node] = acc
+                sum_tree[offsets[level] + node] = _nb_block_sum(sum_tree, base)
             if min_tree[min_leaf0 + block] != m:
                 min_tree[min_leaf0 + block] = m
                 node = block
