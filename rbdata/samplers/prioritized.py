@@ -27,20 +27,35 @@ def _check_exponent(value: Any, name: str) -> float:
     return float(value)
 
 
-# tensors taken as they are (the kernels read float32 or float64 priorities alike)
-_AS_IS: dict[type, tuple[torch.dtype, ...]] = {
-    np.int64: (torch.int64,),
-    np.float64: (torch.float64, torch.float32),
-}
+def _index_and_priority(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarray]:
+    """1-D int64 indices and float32/float64 priorities of equal length, as numpy arrays."""
+    if (  # the training-loop case, 1-D CPU tensors: views, nothing else to check
+        type(index) is torch.Tensor
+        and type(priority) is torch.Tensor
+        and index.dtype is torch.int64
+        and priority.dtype in (torch.float32, torch.float64)
+        and index.dim() == 1
+        and priority.shape == index.shape
+    ):
+        try:
+            return index.numpy(), priority.numpy()
+        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
+            pass
+    idx = _as_numpy(index, np.int64, "index")
+    if idx.ndim == 0:
+        idx = idx.reshape(1)
+    prio = _as_numpy(priority, np.float64, "priority")
+    if prio.ndim == 0:
+        prio = np.full(idx.shape, float(prio))
+    if prio.shape[0] != idx.shape[0]:
+        raise ValueError(
+            f"priority: expected {idx.shape[0]} values (one per index), got {prio.shape[0]}"
+        )
+    return idx, prio
 
 
 def _as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
     """A 1-D (or 0-d) numpy view or copy of a tensor, array, list or scalar, of ``dtype``."""
-    if type(value) is torch.Tensor and value.dtype in _AS_IS[dtype] and value.dim() == 1:
-        try:  # the common case, a 1-D CPU tensor of the right dtype: a view
-            return value.numpy()
-        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
-            pass
     if isinstance(value, torch.Tensor):
         if value.requires_grad:
             value = value.detach()
@@ -49,7 +64,7 @@ def _as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
         value = value.numpy()
     arr = value if type(value) is np.ndarray else np.asarray(value)
     if arr.ndim == 1 and arr.dtype == np.float32 and dtype is np.float64:
-        return np.ascontiguousarray(arr)  # read as it is, no float64 copy
+        return np.ascontiguousarray(arr)  # the kernels read float32 as it is
     if dtype is np.int64 and arr.dtype.kind not in "iu":
         raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
     if arr.dtype.kind not in "biuf":
@@ -161,16 +176,7 @@ class PrioritizedSampler(Sampler):
         touched: an index outside the filled range or a NaN, infinite or negative priority
         raises ``ValueError`` and changes nothing.
         """
-        idx = _as_numpy(index, np.int64, "index")
-        if idx.ndim == 0:
-            idx = idx.reshape(1)
-        prio = _as_numpy(priority, np.float64, "priority")
-        if prio.ndim == 0:
-            prio = np.full(idx.shape, float(prio))
-        if prio.shape[0] != idx.shape[0]:
-            raise ValueError(
-                f"priority: expected {idx.shape[0]} values (one per index), got {prio.shape[0]}"
-            )
+        idx, prio = _index_and_priority(index, priority)
         filled = self._filled()
         if self._fast:  # validation, transform and both trees in one kernel
             code, pos, top = _nb_set_priorities(
