@@ -281,33 +281,37 @@ if HAS_NUMBA:
         width = min(8, sum_tree.shape[0] - leaf0)
         for i in range(n):  # sequential: the last duplicate wins
             sum_tree[leaf0 + index[i]] = (priority[i] + eps) ** alpha
+        # level-major: every walk's misses at one level overlap, and children are final
+        # before their parents (a parent shared by several walks is recomputed, same value)
+        node = index.copy()
+        for level in range(offsets.shape[0] - 2, -1, -1):
+            start = offsets[level + 1]
+            for i in range(n):
+                parent = node[i] // 8
+                node[i] = parent
+                sum_tree[offsets[level] + parent] = _nb_block_sum(sum_tree, start + 8 * parent)
         min_offsets = _nb_min_offsets(min_tree, offsets)
         min_leaf0 = min_offsets[min_offsets.shape[0] - 1]
         for i in range(n):
             block = index[i] // 8
             base = leaf0 + width * block
-            m = np.inf  # the smallest positive value of the block (the line read just below)
+            m = np.inf  # the smallest positive value of the block (a line read just above)
             for c in range(width):
                 v = sum_tree[base + c]
                 if 0 < v < m:
                     m = v
-            node = index[i]
-            for level in range(offsets.shape[0] - 2, -1, -1):
-                node //= 8
-                base = offsets[level + 1] + 8 * node
-                sum_tree[offsets[level] + node] = _nb_block_sum(sum_tree, base)
             if min_tree[min_leaf0 + block] != m:
                 min_tree[min_leaf0 + block] = m
-                node = block
+                parent = block
                 for level in range(min_offsets.shape[0] - 2, -1, -1):
-                    node //= 8
-                    base = min_offsets[level + 1] + 8 * node
+                    parent //= 8
+                    base = min_offsets[level + 1] + 8 * parent
                     m = min_tree[base]
                     for c in range(1, 8):
                         m = min(m, min_tree[base + c])
-                    if min_tree[min_offsets[level] + node] == m:
+                    if min_tree[min_offsets[level] + parent] == m:
                         break  # above an unchanged minimum the path is settled
-                    min_tree[min_offsets[level] + node] = m
+                    min_tree[min_offsets[level] + parent] = m
         return 0, -1, top
 
     @numba.njit(cache=True, nogil=True)
