@@ -172,7 +172,10 @@ def test_kernel_draw_matches_the_reference(
     time = sum(lengths)
     ends = torch.cumsum(torch.tensor(lengths), 0) - 1
     ends = ends[ends >= max(0, time - capacity)]
-    cumsum, shift, stops = _slices.segments(ends, time, capacity, length, strict)
+    cumsum, shift, stops = _slices.segments(ends.numpy(), time, capacity, length, strict)
+    reference = _slices.segments_reference(ends, time, capacity, length, strict)
+    for got, want in zip((cumsum, shift, stops), reference, strict=True):
+        assert torch.equal(got, want)
     total = int(cumsum[-1])
     if total == 0:
         return

@@ -14,23 +14,23 @@ import torch
 
 from rbdata.samplers._sumtree import HAS_NUMBA
 
-__all__ = ["draw_reference", "segments"]
+__all__ = ["draw", "draw_reference", "segments", "segments_reference"]
 
 if HAS_NUMBA:
     import numba
 
 
-def segments(
+def segments_reference(
     ends: torch.Tensor, time: int, capacity: int, length: int, strict: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Per-segment draw tables for slices of ``length`` steps.
+    """Per-segment draw tables for slices of ``length`` steps (torch).
 
     A segment is a maximal run of retained times inside one episode. Returns ``cumsum`` (the
     running count of valid slice starts), ``shift`` (start time of draw ``r`` in segment
     ``s`` is ``r + shift[s]``) and ``stops`` (one past each segment's last time).
 
     Examples:
-        >>> cumsum, shift, stops = segments(torch.tensor([4]), 10, 100, 3, True)
+        >>> cumsum, shift, stops = segments_reference(torch.tensor([4]), 10, 100, 3, True)
         >>> cumsum.tolist(), (torch.tensor([0, 3]) + shift).tolist(), stops.tolist()
         ([3, 6], [0, 5], [5, 10])
     """
@@ -46,6 +46,44 @@ def segments(
         counts = torch.where(lengths >= length, lengths - length + 1, (lengths > 0).long())
     cumsum = torch.cumsum(counts, 0)
     return cumsum, starts - (cumsum - counts), stops
+
+
+if HAS_NUMBA:
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_segments(
+        ends: Any, time: int, capacity: int, length: int, strict: bool
+    ) -> tuple[Any, Any, Any]:  # pragma: no cover
+        oldest = max(0, time - capacity)
+        k = np.searchsorted(ends, time - 1)  # ends before the newest step start a segment
+        cumsum = np.empty(k + 1, np.int64)
+        shift = np.empty(k + 1, np.int64)
+        stops = np.empty(k + 1, np.int64)
+        total = 0
+        start = oldest
+        for s in range(k + 1):
+            stop = ends[s] + 1 if s < k else time
+            n = stop - start
+            if strict:
+                count = max(0, n - length + 1)
+            else:
+                count = n - length + 1 if n >= length else (1 if n > 0 else 0)
+            total += count
+            cumsum[s] = total
+            shift[s] = start - (total - count)
+            stops[s] = stop
+            start = stop
+        return cumsum, shift, stops
+
+
+def segments(
+    ends: np.ndarray, time: int, capacity: int, length: int, strict: bool
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Like :func:`segments_reference` over a sorted int64 array; one numba pass if it can."""
+    if not HAS_NUMBA:
+        return segments_reference(torch.from_numpy(ends), time, capacity, length, strict)
+    cumsum, shift, stops = _nb_segments(ends, time, capacity, length, strict)
+    return torch.from_numpy(cumsum), torch.from_numpy(shift), torch.from_numpy(stops)
 
 
 def draw_reference(

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sized
 from typing import Any
 
+import numpy as np
 import torch
 
 from rbdata._layout import Key, flatten, key_name, stack_items
@@ -97,7 +98,7 @@ class SliceSampler(Sampler):
         """Forget every episode."""
         self._time = 0  # absolute time of the next step
         self._base: int | None = None  # slot of time 0
-        self._ends = torch.empty(0, dtype=torch.long)  # times of episode ends in the buffer
+        self._ends = np.empty(0, np.int64)  # times of episode ends in the buffer, sorted
         self._last_traj: Any = None
         self._cache: tuple[Any, ...] | None = None
         self._cache_len: int | None = None
@@ -113,7 +114,7 @@ class SliceSampler(Sampler):
             return len(source)
         return int(capacity)
 
-    def _flags(self, data: Any, n: int, batched: bool) -> torch.Tensor:
+    def _flags(self, data: Any, n: int, batched: bool) -> np.ndarray:
         key = self.traj_key or self.end_key
         if data is None:
             raise ValueError(f"SliceSampler needs the written data to read {key!r}")
@@ -124,22 +125,25 @@ class SliceSampler(Sampler):
             raise ValueError(
                 f"SliceSampler: the data has no key {key_name(key)} (episode boundaries)"
             )
-        value = torch.as_tensor(leaves[key])
+        value = leaves[key]
+        if isinstance(value, torch.Tensor):
+            value = value.detach().cpu().numpy()
+        value = np.asarray(value)
         value = value.reshape(n, -1) if batched else value.reshape(1, -1)
         if value.shape[1] != 1:
             raise ValueError(f"SliceSampler: {key_name(key)} must hold one value per step")
         return value[:, 0]
 
-    def _ends_of(self, values: torch.Tensor, start: int) -> torch.Tensor:
+    def _ends_of(self, values: np.ndarray, start: int) -> np.ndarray:
         """Absolute times of episode ends among ``n`` new steps starting at time ``start``."""
         if self.traj_key is None:
-            return torch.nonzero(values.bool()).reshape(-1) + start
+            return np.flatnonzero(values) + start
         ids = values
-        changes = torch.nonzero(ids[1:] != ids[:-1]).reshape(-1) + start
+        changes = np.flatnonzero(ids[1:] != ids[:-1]) + start
         first = ids[0].item()
         self_ends = [start - 1] if self._last_traj is not None and first != self._last_traj else []
         self._last_traj = ids[-1].item()
-        return torch.cat([torch.tensor(self_ends, dtype=torch.long), changes])
+        return np.concatenate([np.asarray(self_ends, np.int64), changes])
 
     def on_write(self, index: int | torch.Tensor, data: Any) -> None:
         """Index the end flags of the steps just written at ``index`` (in time order)."""
@@ -165,10 +169,10 @@ class SliceSampler(Sampler):
         self._time = start + n
         oldest = max(0, self._time - capacity)
         ends = self._ends
-        if new_ends.numel():
-            ends = torch.cat([ends, new_ends])
-        if ends.numel() and int(ends[0]) < oldest:
-            ends = ends[int(torch.searchsorted(ends, oldest)) :]
+        if new_ends.size:
+            ends = np.concatenate([ends, new_ends])
+        if ends.size and ends[0] < oldest:
+            ends = ends[int(np.searchsorted(ends, oldest)) :]
         self._ends = ends
         self._cache = None
 
@@ -241,7 +245,7 @@ class SliceSampler(Sampler):
     def state_dict(self) -> dict[str, Any]:
         """Generator state and the episode index."""
         state = super().state_dict()
-        state.update(time=self._time, base=self._base, ends=self._ends.clone())
+        state.update(time=self._time, base=self._base, ends=torch.from_numpy(self._ends.copy()))
         state["last_traj"] = self._last_traj
         return state
 
@@ -250,6 +254,6 @@ class SliceSampler(Sampler):
         super().load_state_dict(state)
         self._time = int(state["time"])
         self._base = None if state["base"] is None else int(state["base"])
-        self._ends = state["ends"].clone()
+        self._ends = np.asarray(state["ends"], dtype=np.int64).copy()
         self._last_traj = state["last_traj"]
         self._cache = None
