@@ -7,6 +7,7 @@ workloads (a workload that raises is reported and the others still run) and the 
 
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.metadata
 import os
@@ -194,3 +195,16 @@ def run(
         + f" in {elapsed:.1f} s (targets are reported, not enforced)"
     )
     return 1 if rep.errors else 0
+
+
+def main(
+    title: str,
+    workloads: Sequence[Callable[[Config, Report], None]],
+    argv: list[str] | None,
+    quick_help: str = "fewer, shorter repeats (smoke run)",
+) -> int:
+    """The command line of a benchmark script: ``--quick`` picks the short configuration."""
+    parser = argparse.ArgumentParser(description=title)
+    parser.add_argument("--quick", action="store_true", help=quick_help)
+    args = parser.parse_args(argv)
+    return run(title, workloads, QUICK if args.quick else FULL, args.quick)

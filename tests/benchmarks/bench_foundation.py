@@ -13,14 +13,14 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from typing import Any
 
+import _timing
 import numpy as np
 import torch
-from _timing import FULL, QUICK, Config, Report, free, measure, run
+from _timing import Config, Report, free, measure
 from tensordict import TensorDict
 from torch.utils.data import BatchSampler, DataLoader, Dataset, RandomSampler
 
@@ -385,11 +385,8 @@ WORKLOADS: list[Callable[[Config, Report], None]] = [
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats (smoke run)")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    return run("rbdata foundation benchmarks", WORKLOADS, cfg, args.quick)
+    """Run every workload; ``--quick`` for a smoke run."""
+    return _timing.main("rbdata foundation benchmarks", WORKLOADS, argv)
 
 
 if __name__ == "__main__":

@@ -13,15 +13,15 @@ Usage::
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import sys
 from collections.abc import Callable
 from typing import Any
 
+import _timing
 import numpy as np
 import torch
-from _timing import FULL, QUICK, Config, Report, free, measure, run
+from _timing import Config, Report, free, measure
 from bench_foundation import leaves, transitions
 from tensordict import TensorDict
 
@@ -231,7 +231,7 @@ def _slices_at(n: int, cfg: Config, rep: Report) -> float:
 
 def bench_slices(cfg: Config, rep: Report) -> None:
     ep_len, slice_len, bs, ext = EP_LEN, SLICE_LEN, SLICE_BATCH, EXT
-    sizes = QUICK_SIZES if cfg is QUICK else FULL_SIZES
+    sizes = QUICK_SIZES if cfg is _timing.QUICK else FULL_SIZES
     rep.section(
         f"2. SliceSampler(slice_len={slice_len}): rb.sample({bs}) = {bs // slice_len} slices x "
         f"{slice_len} steps; observation 4 floats + ('next', 'done'); {ep_len}-step episodes",
@@ -258,11 +258,10 @@ WORKLOADS: list[Callable[[Config, Report], None]] = [bench_prioritized, bench_sl
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="fewer, shorter repeats, no 10M")
-    args = parser.parse_args(argv)
-    cfg = QUICK if args.quick else FULL
-    return run("rbdata sampler benchmarks", WORKLOADS, cfg, args.quick)
+    """Run every workload; ``--quick`` for a smoke run."""
+    return _timing.main(
+        "rbdata sampler benchmarks", WORKLOADS, argv, quick_help="fewer, shorter repeats, no 10M"
+    )
 
 
 if __name__ == "__main__":
