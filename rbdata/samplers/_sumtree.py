@@ -282,10 +282,18 @@ if HAS_NUMBA:
         for i in range(n):  # sequential: the last duplicate wins
             sum_tree[leaf0 + index[i]] = (priority[i] + eps) ** alpha
         # level-major: every walk's misses at one level overlap, and children are final
-        # before their parents (a parent shared by several walks is recomputed, same value)
+        # before their parents (a parent shared by several walks is recomputed, same value).
+        # A level with no more nodes than updates is recomputed whole, once: the walks
+        # would otherwise redo its few (cached) nodes n times.
         node = index.copy()
+        level_width = 8 ** (offsets.shape[0] - 1)  # the number of leaves
         for level in range(offsets.shape[0] - 2, -1, -1):
+            level_width //= 8  # the number of nodes at this level
             start = offsets[level + 1]
+            if level_width <= n:
+                for j in range(level_width):
+                    sum_tree[offsets[level] + j] = _nb_block_sum(sum_tree, start + 8 * j)
+                continue
             for i in range(n):
                 parent = node[i] // 8
                 node[i] = parent
