@@ -73,6 +73,7 @@ class ReplayBuffer:
         self.batch_size = None if batch_size is None else check_batch_size(batch_size)
         # rbdata's samplers draw in-range indices by construction: skip the range check.
         self._trusted = isinstance(sampler, Sampler) and sampler.data_source is storage
+        self._update_priority = getattr(sampler, "update_priority", None)
         # only samplers that override on_write pay a call per add
         self._hooked = (
             isinstance(sampler, Sampler) and type(sampler).on_write is not Sampler.on_write
@@ -110,7 +111,7 @@ class ReplayBuffer:
         Accepts tensors, arrays, lists or scalars; see
         :meth:`~rbdata.samplers.PrioritizedSampler.update_priority`.
         """
-        update = getattr(self.sampler, "update_priority", None)
+        update = self._update_priority
         if update is None:
             raise TypeError(
                 f"{type(self.sampler).__name__} has no priorities: use a PrioritizedSampler"

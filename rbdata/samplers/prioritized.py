@@ -160,9 +160,6 @@ class PrioritizedSampler(Sampler):
         """The highest priority seen so far (new items get it unless ``default_priority``)."""
         return self._max_priority
 
-    def _filled(self) -> int:
-        return len(self.data_source) if self.data_source is not None else self.capacity
-
     def priority_values(self, index: Any = None) -> torch.Tensor:
         """The stored values ``(p + eps)^alpha`` at ``index`` (default: every slot)."""
         leaves = self._sum[self._leaf0 : self._leaf0 + self.capacity]
@@ -177,7 +174,8 @@ class PrioritizedSampler(Sampler):
         raises ``ValueError`` and changes nothing.
         """
         idx, prio = _index_and_priority(index, priority)
-        filled = self._filled()
+        source = self.data_source
+        filled = self.capacity if source is None else len(source)
         if self._fast:  # validation, transform and both trees in one kernel
             code, pos, top = _nb_set_priorities(
                 self._sum_np,
