@@ -164,6 +164,11 @@ def bench_prioritized(cfg: Config, rep: Report) -> None:
             t["cpprb_update"],
             1.0,
         )
+        rep.info(  # what a PER training step pays: one sample and one priority update
+            f"PER step: sample({bs}) + update_priority({bs})",
+            t["sample"] + t["update"],
+            t["cpprb_sample"] + t["cpprb_update"],
+        )
     rep.note(TORCHRL_PER_NOTE)
 
 
