@@ -107,7 +107,8 @@ def _walk(data: Any, prefix: Key, out: dict[Key, Any]) -> None:
         key = (*prefix, k) if type(k) is str else (*prefix, *k)
         if type(v) is torch.Tensor:
             out[key] = v
-        elif isinstance(v, (Mapping, TensorDictBase)):
+        elif type(v) is TensorDict or type(v) is dict or isinstance(v, (Mapping, TensorDictBase)):
+            # (exact types first: the ABC isinstance costs ~0.5 us on the per-step path)
             _walk(v, key, out)
         else:
             out[key] = v
@@ -121,9 +122,10 @@ def flatten(data: Any) -> tuple[str, dict[Key, Any]]:
         >>> kind, sorted(leaves)
         ('tensordict', [('a',), ('next', 'b')])
     """
-    if isinstance(data, (torch.Tensor, np.ndarray)):
+    exact = type(data) is TensorDict or type(data) is dict  # the per-step path: no ABC checks
+    if not exact and isinstance(data, (torch.Tensor, np.ndarray)):
         return _TENSOR_KIND, {(): data}
-    if isinstance(data, (TensorDictBase, Mapping)):
+    if exact or isinstance(data, (TensorDictBase, Mapping)):
         out: dict[Key, Any] = {}
         _walk(data, (), out)
         if not out:
