@@ -246,7 +246,7 @@ if HAS_NUMBA:
             _nb_fix_up(tree, offsets, index[i], is_sum)
 
     @numba.njit(cache=True, nogil=True)
-    def _nb_min_offsets(min_tree: Any, offsets: Any) -> Any:  # pragma: no cover
+    def _nb_min_offsets(offsets: Any) -> Any:  # pragma: no cover
         # the block-min tree has one level less than the sum tree (but at least the root)
         depth = max(1, offsets.shape[0] - 1)
         out = np.empty(depth, np.int64)
@@ -298,7 +298,7 @@ if HAS_NUMBA:
                 parent = node[i] // 8
                 node[i] = parent
                 sum_tree[offsets[level] + parent] = _nb_block_sum(sum_tree, start + 8 * parent)
-        min_offsets = _nb_min_offsets(min_tree, offsets)
+        min_offsets = _nb_min_offsets(offsets)
         min_leaf0 = min_offsets[min_offsets.shape[0] - 1]
         for i in range(n):
             block = index[i] // 8
