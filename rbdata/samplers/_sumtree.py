@@ -326,29 +326,29 @@ if HAS_NUMBA:
     def _nb_find(tree: Any, offsets: Any, targets: Any, out: Any) -> None:  # pragma: no cover
         n = targets.shape[0]
         remaining = targets.copy()
+        prefix = np.empty(9, np.float64)  # prefix[c]: the mass of the children before c
+        prefix[0] = 0.0
         for i in range(n):
             out[i] = 0
         for level in range(offsets.shape[0] - 1):  # level-major: the walks' loads overlap
             start = offsets[level + 1]
             for i in range(n):
                 base = start + 8 * out[i]
+                r = remaining[i]
+                # branch-free: count the children whose inclusive prefix is <= r (a zero
+                # child repeats its prefix, so it is skipped); a random target would make
+                # an early exit mispredict about once per level
                 acc = 0.0
-                chosen = -1
-                last = 0
-                prefix_last = 0.0
+                chosen = 0
                 for c in range(8):
-                    v = tree[base + c]
-                    if v > 0:
-                        last = c
-                        prefix_last = acc
-                    if remaining[i] < acc + v:
-                        chosen = c
-                        break
-                    acc += v
-                if chosen < 0:  # rounded up to the total: the last positive child
-                    chosen = last
-                    acc = prefix_last
-                remaining[i] -= acc
+                    acc += tree[base + c]
+                    prefix[c + 1] = acc
+                    chosen += acc <= r
+                if chosen == 8:  # rounded up to the total: the last positive child
+                    chosen = 7
+                    while chosen > 0 and tree[base + chosen] <= 0:
+                        chosen -= 1
+                remaining[i] = r - prefix[chosen]
                 out[i] = 8 * out[i] + chosen
 
     @numba.njit(cache=True, nogil=True)
