@@ -117,6 +117,31 @@ def test_update_priority_input_types_and_duplicates(convert: object) -> None:
             rb.update_priority(floats, 1.0)
 
 
+def test_every_input_form_stores_the_same_values() -> None:
+    index = [9, 3, 0, 3, 7]
+    priority = [0.25, 1.5, 2.0, 0.75, 3.0]
+    expected = make(alpha=0.6, beta=0.4)
+    expected.update_priority(index, priority)  # lists: the general conversion path
+    wide_index = torch.tensor([[i, -1] for i in index])
+    wide = torch.tensor([[p, -1.0] for p in priority], dtype=torch.float64)
+    forms = {
+        "float32 tensors": (torch.tensor(index), torch.tensor(priority)),
+        "float64 tensors": (torch.tensor(index), torch.tensor(priority, dtype=torch.float64)),
+        "[B, 1] priorities": (torch.tensor(index), torch.tensor(priority).unsqueeze(1)),
+        "non-contiguous": (wide_index[:, 0], wide[:, 0]),
+        "ndarrays": (np.array(index), np.array(priority, dtype=np.float32)),
+        "requires grad": (torch.tensor(index), torch.tensor(priority, requires_grad=True)),
+    }
+    want = expected.sampler.state_dict()
+    for name, (idx, prio) in forms.items():
+        rb = make(alpha=0.6, beta=0.4)
+        rb.update_priority(idx, prio)
+        got = rb.sampler.state_dict()
+        assert torch.equal(got["sum_tree"], want["sum_tree"]), name
+        assert torch.equal(got["min_tree"], want["min_tree"]), name
+        assert got["max_priority"] == want["max_priority"] == 3.0, name
+
+
 @pytest.mark.parametrize(
     ("index", "priority", "pattern"),
     [
@@ -128,14 +153,20 @@ def test_update_priority_input_types_and_duplicates(convert: object) -> None:
         ([0, 1, 2], [1.0, 2.0], r"priority: expected 3 values \(one per index\), got 2"),
     ],
 )
-def test_bad_update_leaves_the_tree_unchanged(index: list, priority: list, pattern: str) -> None:
+@pytest.mark.parametrize("as_tensors", [False, True], ids=["lists", "tensors"])
+def test_bad_update_leaves_the_tree_unchanged(
+    index: list, priority: list, pattern: str, as_tensors: bool
+) -> None:
     rb = make(alpha=0.6, beta=0.4)
     rb.update_priority([0, 1, 2], [3.0, 4.0, 5.0])
     sampler = rb.sampler
     assert isinstance(sampler, PrioritizedSampler)
     before = sampler.state_dict()
     with pytest.raises(ValueError, match=pattern):
-        rb.update_priority(index, priority)
+        if as_tensors:  # the in-place kernel path of the training loop
+            rb.update_priority(torch.tensor(index), torch.tensor(priority, dtype=torch.float32))
+        else:
+            rb.update_priority(index, priority)
     after = sampler.state_dict()
     assert torch.equal(before["sum_tree"], after["sum_tree"])
     assert torch.equal(before["min_tree"], after["min_tree"])

@@ -14,7 +14,7 @@ from rbdata.samplers import _sumtree
 from rbdata.samplers.base import Sampler
 
 if _sumtree.HAS_NUMBA:
-    from rbdata.samplers._sumtree import _nb_set_priorities
+    from rbdata.samplers._sumtree import _nb_draw_at, _nb_set_priorities, _nb_set_priorities_at
 
 __all__ = ["PrioritizedSampler"]
 
@@ -25,6 +25,29 @@ def _check_exponent(value: Any, name: str) -> float:
     if not math.isfinite(value) or value < 0:
         raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
     return float(value)
+
+
+_FLOATS = (torch.float32, torch.float64)
+
+
+def _contiguous_cpu_pair(index: Any, priority: Any) -> bool:
+    """Whether ``index``/``priority`` are the training-loop case: contiguous CPU tensors.
+
+    Any shapes with as many priorities as indices (``[B]``, ``[B, 1]``), read flat, as the
+    general path does. The checks are the cheap attributes (``is_cpu``, not ``device.type``):
+    they run on every update.
+    """
+    return (
+        type(index) is torch.Tensor
+        and type(priority) is torch.Tensor
+        and index.dtype is torch.int64
+        and priority.dtype in _FLOATS
+        and index.is_cpu
+        and priority.is_cpu
+        and index.numel() == priority.numel()
+        and index.is_contiguous()
+        and priority.is_contiguous()
+    )
 
 
 def _index_and_priority(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarray]:
@@ -173,9 +196,28 @@ class PrioritizedSampler(Sampler):
         touched: an index outside the filled range or a NaN, infinite or negative priority
         raises ``ValueError`` and changes nothing.
         """
-        idx, prio = _index_and_priority(index, priority)
         source = self.data_source
         filled = self.capacity if source is None else len(source)
+        if self._fast and _contiguous_cpu_pair(index, priority):
+            # the kernel reads the tensors in place (read only: autograd is not involved)
+            code, pos, top = _nb_set_priorities_at(
+                self._sum_np,
+                self._min_np,
+                self._offsets_np,
+                index.data_ptr(),
+                priority.data_ptr(),
+                index.numel(),
+                priority.dtype is torch.float64,
+                filled,
+                self.eps,
+                self.alpha,
+            )
+            if code:
+                self._refuse(code, int(index.view(-1)[pos]), float(priority.view(-1)[pos]), filled)
+            if top > self._max_priority:
+                self._max_priority = top
+            return
+        idx, prio = _index_and_priority(index, priority)
         if self._fast:  # validation, transform and both trees in one kernel
             code, pos, top = _nb_set_priorities(
                 self._sum_np,
@@ -243,24 +285,24 @@ class PrioritizedSampler(Sampler):
         u = torch.rand(batch_size, generator=self.generator, dtype=torch.float64)
         if self.stratified:
             u = (torch.arange(batch_size, dtype=torch.float64) + u) / batch_size
-        if self._fast:  # numpy views straight into one kernel: no torch glue per call
+        if self._fast:  # one kernel reads u and fills index and weight in place
             total = float(self._sum_np[_sumtree.ROOT])
             if total <= 0:
                 raise ValueError("cannot sample: every priority in the buffer is zero")
-            targets = u.numpy()
-            targets *= total
-            idx = np.empty(batch_size, np.int64)
-            weight = np.empty(batch_size, np.float32)
-            _sumtree._nb_draw(
+            index = torch.empty(batch_size, dtype=torch.long)
+            weight = torch.empty(batch_size, dtype=torch.float32)
+            _nb_draw_at(
                 self._sum_np,
                 self._offsets_np,
                 float(self._min_np[_sumtree.ROOT]),
-                targets,
+                u.data_ptr(),
+                batch_size,
+                total,
                 self.beta,
-                idx,
-                weight,
+                index.data_ptr(),
+                weight.data_ptr(),
             )
-            return torch.from_numpy(idx), {"weight": torch.from_numpy(weight)}
+            return index, {"weight": weight}
         root = self._sum[_sumtree.ROOT]
         if float(root) <= 0:  # one sync on CUDA; an all-zero tree has no distribution
             raise ValueError("cannot sample: every priority in the buffer is zero")
