@@ -15,7 +15,7 @@ from rbdata.samplers import (
     SliceSampler,
     UniformSampler,
 )
-from rbdata.storages import ListStorage, MemmapStorage, TensorStorage
+from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
 from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
@@ -24,6 +24,7 @@ __all__ = [
     "BatchSampler",
     "EmptyBufferError",
     "ImmutableWriter",
+    "ArrowStorage",
     "ListStorage",
     "MaxValueWriter",
     "MemmapStorage",

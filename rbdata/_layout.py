@@ -19,6 +19,9 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 __all__ = [
+    "RAGGED",
+    "STRING",
+    "TENSOR",
     "Key",
     "Layout",
     "Leaf",
@@ -51,13 +54,20 @@ _TENSOR_KIND = "tensor"
 _DICT_KIND = "tensordict"
 
 
+#: Kinds of leaves: fixed-shape tensors (every storage), and the variable-length kinds that
+#: only :class:`~rbdata.storages.ArrowStorage` keeps: tensors whose first dimension varies per
+#: item (``shape`` is then the fixed trailing shape) and strings.
+TENSOR, RAGGED, STRING = "tensor", "ragged", "string"
+
+
 @dataclass(frozen=True)
 class Leaf:
-    """One stored field: its key path, per-item shape and dtype."""
+    """One stored field: its key path, per-item shape and dtype (and kind, see above)."""
 
     key: Key
     shape: tuple[int, ...]
     dtype: torch.dtype
+    kind: str = TENSOR
 
     @property
     def numel(self) -> int:
@@ -150,6 +160,66 @@ def stack_items(items: Sequence[Any]) -> Any:
     raise TypeError(f"cannot stack items of type {type(first).__name__} into a batch")
 
 
+def _is_jagged(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) and value.is_nested
+
+
+def _variable_leaf(key: Key, value: Any, batched: bool, ragged: bool) -> Leaf | None:
+    """The string or ragged leaf of a first write, or ``None`` for a fixed-shape tensor."""
+    name = key_name(key)
+    if isinstance(value, str) and not batched:
+        return Leaf(key, (), torch.uint8, STRING)
+    if batched and isinstance(value, (list, tuple)):
+        if not value:
+            raise ValueError(f"key {name}: an empty list has no items")
+        if all(isinstance(v, str) for v in value):
+            return Leaf(key, (), torch.uint8, STRING)
+        first = _to_tensor(value[0], name)
+    elif batched and _is_jagged(value):
+        first = value[0]
+    elif ragged and not batched:
+        first = _to_tensor(value, name)
+    else:
+        return None
+    if first.dim() == 0:
+        raise ValueError(f"key {name}: a variable-length item needs a first dimension")
+    return Leaf(key, tuple(first.shape[1:]), first.dtype, RAGGED)
+
+
+def _split_variable(leaf: Leaf, value: Any, batched: bool, castable: Any) -> Any:
+    """Validate a string or ragged value: a list (batch) or one item, nothing copied."""
+    name = leaf.name
+    if leaf.kind == STRING:
+        items = value if batched else [value]
+        if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):
+            what = "a list of str" if batched else "a str"
+            raise TypeError(f"key {name}: expected {what}, got {type(value).__name__}")
+        return list(items) if batched else value
+    if batched:
+        if _is_jagged(value):
+            value = list(value.unbind())
+        if not isinstance(value, (list, tuple)):
+            raise TypeError(
+                f"key {name}: expected a list of tensors (one per item, variable first "
+                f"dimension) or a jagged nested tensor, got {type(value).__name__}"
+            )
+        items = [_to_tensor(v, name) for v in value]
+    else:
+        items = [_to_tensor(value, name)]
+    for t in items:
+        if t.dim() == 0 or tuple(t.shape[1:]) != leaf.shape:
+            raise ValueError(
+                f"key {name}: expected items of shape [length, *{list(leaf.shape)}], "
+                f"got {list(t.shape)}"
+            )
+        if t.dtype is not leaf.dtype and not castable(t.dtype, leaf.dtype):
+            raise TypeError(
+                f"key {name}: expected dtype {leaf.dtype} (or one that casts safely to it), "
+                f"got {t.dtype}"
+            )
+    return items if batched else items[0]
+
+
 class Layout:
     """The keys, per-item shapes and dtypes a storage holds.
 
@@ -182,18 +252,35 @@ class Layout:
         return f"Layout({self.kind}; {fields})"
 
     @property
+    def fixed(self) -> bool:
+        """Whether every leaf is a fixed-shape tensor (what tensor and memmap storages keep)."""
+        return all(leaf.kind == TENSOR for leaf in self.leaves)
+
+    @property
     def item_nbytes(self) -> int:
         """Bytes of one item over all leaves."""
         return sum(leaf.numel * leaf.dtype.itemsize for leaf in self.leaves)
 
     # --- construction --------------------------------------------------------------------
     @classmethod
-    def from_data(cls, data: Any, batched: bool) -> Layout:
-        """Infer the layout of ``data`` (a batch if ``batched``, else one item)."""
+    def from_data(
+        cls, data: Any, batched: bool, variable: bool = False, ragged: Sequence[Key] = ()
+    ) -> Layout:
+        """Infer the layout of ``data`` (a batch if ``batched``, else one item).
+
+        With ``variable`` (storages that keep variable-length fields), a batch value that is a
+        list of strings is a string leaf, a list of tensors/arrays (or a jagged nested tensor)
+        a ragged leaf; keys in ``ragged`` are ragged even for a single item.
+        """
         kind, flat = flatten(data)
         leaves = []
         for key, value in flat.items():
             name = key_name(key)
+            if variable:
+                leaf = _variable_leaf(key, value, batched, key in ragged)
+                if leaf is not None:
+                    leaves.append(leaf)
+                    continue
             t = _to_tensor(value, name)
             if batched and t.dim() == 0:
                 raise ValueError(
@@ -208,7 +295,12 @@ class Layout:
         return {
             "kind": self.kind,
             "leaves": [
-                {"key": list(leaf.key), "shape": list(leaf.shape), "dtype": str(leaf.dtype)[6:]}
+                {
+                    "key": list(leaf.key),
+                    "shape": list(leaf.shape),
+                    "dtype": str(leaf.dtype)[6:],
+                    **({} if leaf.kind == TENSOR else {"kind": leaf.kind}),
+                }
                 for leaf in self.leaves
             ],
         }
@@ -221,7 +313,11 @@ class Layout:
             dtype = getattr(torch, str(entry["dtype"]), None)
             if not isinstance(dtype, torch.dtype):
                 raise ValueError(f"unknown dtype {entry['dtype']!r} in layout")
-            leaves.append(Leaf(tuple(entry["key"]), tuple(int(s) for s in entry["shape"]), dtype))
+            kind = str(entry.get("kind", TENSOR))
+            if kind not in (TENSOR, RAGGED, STRING):
+                raise ValueError(f"unknown leaf kind {kind!r} in layout")
+            shape = tuple(int(s) for s in entry["shape"])
+            leaves.append(Leaf(tuple(entry["key"]), shape, dtype, kind))
         return cls(str(obj["kind"]), leaves)
 
     # --- validation ----------------------------------------------------------------------
@@ -250,6 +346,18 @@ class Layout:
                 raise ValueError(
                     f"missing key {leaf.name}: expected keys {key_names(self.keys)}"
                 ) from None
+            if leaf.kind != TENSOR:
+                items = _split_variable(leaf, value, batched, self._castable)
+                if batched:
+                    if n < 0:
+                        n = len(items)
+                    elif len(items) != n:
+                        raise ValueError(
+                            f"key {leaf.name}: expected batch size {n} like the other keys, "
+                            f"got {len(items)}"
+                        )
+                tensors.append(items)  # a list: a variable-length leaf
+                continue
             t = value if type(value) is torch.Tensor else _to_tensor(value, leaf.name)
             shape = t.shape
             if batched:

@@ -64,6 +64,9 @@ class StorageContract:
     """Subclass with a ``make(capacity) -> Storage`` method; ``vectorised`` says one gather."""
 
     vectorised = True
+    #: the function a batch read calls: once per leaf (``index_select``) or once per batch
+    gather_function: tuple[Any, str] = (torch, "index_select")
+    gather_per_leaf = True
 
     def make(self, capacity: int) -> Storage:  # pragma: no cover - overridden
         raise NotImplementedError
@@ -150,21 +153,23 @@ class StorageContract:
             pytest.skip("list storage gathers item by item by nature")
         self.filled(storage, [8])
         calls: list[int] = []
-        real = torch.index_select
+        owner, name = self.gather_function
+        real = getattr(owner, name)
 
-        def counting(*args: Any, **kwargs: Any) -> torch.Tensor:
+        def counting(*args: Any, **kwargs: Any) -> Any:
             calls.append(1)
             return real(*args, **kwargs)
 
-        monkeypatch.setattr(torch, "index_select", counting)
+        monkeypatch.setattr(owner, name, counting)
         monkeypatch.setattr(type(storage), "_get", lambda *a: pytest.fail("per-item read"))
         storage.__getitems__(list(range(8)))
         n_leaves = len(storage.layout.leaves)  # type: ignore[union-attr]
-        assert len(calls) == n_leaves
+        per_batch = n_leaves if self.gather_per_leaf else 1
+        assert len(calls) == per_batch
         calls.clear()
         for _ in DataLoader(storage, batch_size=4, shuffle=True):
             pass
-        assert len(calls) == 2 * n_leaves
+        assert len(calls) == 2 * per_batch
 
     # --- item kinds ------------------------------------------------------------------------
     def test_plain_tensor_items(self, storage: Storage) -> None:

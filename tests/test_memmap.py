@@ -82,10 +82,10 @@ def test_open_refuses_missing_and_corrupt(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=rf"{size - 4} bytes on disk, expected {size} .*truncated"):
         MemmapStorage.open(tmp_path / "rb")
     (tmp_path / "rb" / "layout.json").write_text("{not json")
-    with pytest.raises(ValueError, match="corrupt layout file"):
+    with pytest.raises(ValueError, match="corrupt metadata file"):
         MemmapStorage.open(tmp_path / "rb")
     (tmp_path / "rb" / "layout.json").write_text(json.dumps({"format": "other"}))
-    with pytest.raises(ValueError, match=r"not an rbdata\.memmap layout"):
+    with pytest.raises(ValueError, match=r"not an rbdata\.memmap directory"):
         MemmapStorage.open(tmp_path / "rb")
 
 

@@ -6,7 +6,8 @@ import pytest
 import torch
 from contracts import StorageContract, assert_rows_are, transitions
 
-from rbdata.storages import ListStorage, MemmapStorage, Storage, TensorStorage
+from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, Storage, TensorStorage
+from rbdata.storages import arrow as arrow_module
 
 
 class TestTensorStorage(StorageContract):
@@ -19,6 +20,14 @@ class TestMemmapStorage(StorageContract):
         return MemmapStorage(capacity)
 
 
+class TestArrowStorage(StorageContract):
+    gather_function = (arrow_module, "_gather_rows")  # every fixed leaf in one kernel call
+    gather_per_leaf = False
+
+    def make(self, capacity: int) -> Storage:
+        return ArrowStorage(capacity, chunk_size=3)  # small chunks: writes and reads cross them
+
+
 class TestListStorage(StorageContract):
     vectorised = False
 
@@ -27,7 +36,7 @@ class TestListStorage(StorageContract):
 
 
 @pytest.mark.parametrize("bad", [0, -3, 2.5, True, "10"])
-@pytest.mark.parametrize("cls", [ListStorage, TensorStorage, MemmapStorage])
+@pytest.mark.parametrize("cls", [ListStorage, TensorStorage, MemmapStorage, ArrowStorage])
 def test_capacity_must_be_positive_int(cls: type, bad: object) -> None:
     with pytest.raises(ValueError, match=rf"max_size must be a positive integer, got {bad!r}"):
         cls(bad)

@@ -40,8 +40,9 @@ class Prepared:
     def take(self, rows: Sequence[int] | torch.Tensor) -> Prepared:
         """The batch rows at ``rows`` (in that order) as a new batched ``Prepared``.
 
-        Tensor leaves are gathered with ``index_select`` on dim 0; a list of objects (a
-        :class:`~rbdata.storages.ListStorage` in object mode) is picked by position. Writers
+        Tensor leaves are gathered with ``index_select`` on dim 0; lists (objects of a
+        :class:`~rbdata.storages.ListStorage`, variable-length leaves of an
+        :class:`~rbdata.storages.ArrowStorage`) are picked by position. Writers
         use it to commit only part of a validated batch.
 
         Raises:
@@ -61,7 +62,11 @@ class Prepared:
         if self.layout is None:
             payload = [self.payload[i] for i in idx.tolist()]
         else:
-            payload = [t.index_select(0, idx.to(t.device)) for t in self.payload]
+            rows = idx.tolist() if any(type(t) is list for t in self.payload) else []
+            payload = [
+                [t[i] for i in rows] if type(t) is list else t.index_select(0, idx.to(t.device))
+                for t in self.payload
+            ]
         return Prepared(payload, int(idx.numel()), self.layout, True)
 
 

@@ -17,9 +17,6 @@ import json
 import mmap
 import os
 import re
-import shutil
-import tempfile
-import weakref
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +25,7 @@ import torch
 from tensordict import MemoryMappedTensor
 
 from rbdata._layout import Layout
+from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["MemmapStorage"]
@@ -37,21 +35,6 @@ _VERSION = 1
 _LAYOUT_FILE = "layout.json"
 _HEADER_FILE = "header.bin"
 _HEADER_BYTES = 64
-
-
-def _remove_dir(path: str, owner_pid: int) -> None:
-    # Forked DataLoader workers inherit the finalizer: only the creating process removes.
-    if os.getpid() == owner_pid:
-        shutil.rmtree(path, ignore_errors=True)
-
-
-def _atomic_write_json(path: Path, obj: Any) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 def _leaf_file(i: int, key: tuple[str, ...]) -> str:
@@ -104,21 +87,10 @@ class MemmapStorage(TensorStorage):
 
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_size, device="cpu")
-        self._finalizer: weakref.finalize | None = None
-        if path is None:
-            root = Path(tempfile.mkdtemp(prefix="rbdata-memmap-"))
-            self._finalizer = weakref.finalize(self, _remove_dir, str(root), os.getpid())
-        else:
-            root = Path(path)
-            if root.exists() and (not root.is_dir() or any(root.iterdir())):
-                raise FileExistsError(
-                    f"path {str(root)!r} already holds data; reopen it with "
-                    f"MemmapStorage.open({str(root)!r}) or choose an empty directory"
-                )
-            root.mkdir(parents=True, exist_ok=True)
+        root, self._finalizer = storage_dir(self, path, "rbdata-memmap-")
         self._path = root
         self._header = _Header(root / _HEADER_FILE, create=True)
-        _atomic_write_json(root / _LAYOUT_FILE, self._meta(None))
+        atomic_write_json(root / _LAYOUT_FILE, self._meta(None))
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
@@ -128,19 +100,7 @@ class MemmapStorage(TensorStorage):
         File sizes are checked against the layout: a truncated or foreign file is refused.
         """
         root = Path(path)
-        meta_file = root / _LAYOUT_FILE
-        if not meta_file.is_file():
-            raise FileNotFoundError(f"{str(root)!r} is not a MemmapStorage: no {_LAYOUT_FILE}")
-        try:
-            meta = json.loads(meta_file.read_text(encoding="utf-8"))
-        except (UnicodeDecodeError, json.JSONDecodeError) as err:
-            raise ValueError(f"{meta_file}: corrupt layout file ({err})") from err
-        if not isinstance(meta, dict) or meta.get("format") != _FORMAT:
-            raise ValueError(f"{meta_file}: not an {_FORMAT} layout")
-        if meta.get("version") != _VERSION:
-            raise ValueError(
-                f"{meta_file}: format version {meta.get('version')!r}, expected {_VERSION}"
-            )
+        meta = read_meta(root, _LAYOUT_FILE, _FORMAT, _VERSION, "MemmapStorage")
         self = cls.__new__(cls)
         TensorStorage.__init__(self, int(meta["capacity"]), device="cpu")
         self._finalizer = None
@@ -241,4 +201,4 @@ class MemmapStorage(TensorStorage):
             )
             buffers.append(mmt.as_subclass(torch.Tensor))
         self._set_buffers(buffers, layout)
-        _atomic_write_json(self._path / _LAYOUT_FILE, meta)
+        atomic_write_json(self._path / _LAYOUT_FILE, meta)

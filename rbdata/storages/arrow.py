@@ -1,0 +1,635 @@
+"""``ArrowStorage``: items in Arrow IPC (Feather v2) chunk files, memory-mapped.
+
+On disk, a storage directory holds:
+
+- ``_rbdata.json``: format name and version, capacity, chunk size, layout, filled length and
+  the slot after the last write (where a ring writer resumes);
+- ``chunk-000000.arrow``, ...: chunk ``k`` holds slots ``[k * chunk_size, (k + 1) *
+  chunk_size)`` in slot order, as one record batch of a plain Arrow IPC file. Column names
+  are the keys joined by ``"."`` (``"data"`` for plain-tensor items).
+
+Names starting with ``_`` or ``.`` are skipped by ``pyarrow.dataset``, so
+``pyarrow.dataset.dataset(path, format="arrow")`` (and polars, duckdb) read exactly the stored
+rows once the storage is flushed or closed.
+
+**The unit of rewrite is a chunk.** Writes go to the chunk in memory (opened from its file
+once, on the first write to it); a chunk is written back as a whole new file (atomically:
+a temporary file, then ``os.replace``) when the write cursor leaves it, and on :meth:`flush`,
+:meth:`close` and pickling. A ring writer therefore writes each chunk once per lap, and the
+newest ``capacity`` rows are always stored exactly. The trade-off: a random ``set`` into
+several chunks rewrites each of them (``chunk_size`` rows each), and rows in the chunk under
+the cursor reach the disk at the next flush, not at once (unlike :class:`MemmapStorage`,
+whose every write is in shared memory).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import NonTensorStack
+
+from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
+from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
+from rbdata.storages.base import Prepared, Storage
+
+try:  # pragma: no cover - exercised by whichever environment runs the tests
+    import numba
+
+    from rbdata.samplers._sumtree import _nb_voidptr
+
+    HAS_NUMBA = True
+except ImportError:  # pragma: no cover
+    HAS_NUMBA = False
+
+__all__ = ["ArrowStorage"]
+
+_FORMAT = "rbdata.arrow"
+_VERSION = 1
+_META_FILE = "_rbdata.json"
+_DEFAULT_CHUNK = 1 << 16
+
+_TORCH_TO_NUMPY = {
+    torch.float64: np.float64,
+    torch.float32: np.float32,
+    torch.float16: np.float16,
+    torch.int64: np.int64,
+    torch.int32: np.int32,
+    torch.int16: np.int16,
+    torch.int8: np.int8,
+    torch.uint8: np.uint8,
+    torch.bool: np.bool_,
+}
+
+
+def _pyarrow() -> Any:
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.ipc
+    except ImportError as err:  # pragma: no cover - the test environment has pyarrow
+        raise ImportError("ArrowStorage needs pyarrow: pip install 'rbdata[arrow]'") from err
+    return pyarrow
+
+
+def _column_name(key: Key) -> str:
+    return ".".join(key) or "data"
+
+
+def _chunk_file(k: int) -> str:
+    return f"chunk-{k:06d}.arrow"
+
+
+if HAS_NUMBA:
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_gather_rows(
+        addresses: Any, chunk_size: int, index: Any, row_bytes: Any, out_addresses: Any
+    ) -> None:  # pragma: no cover
+        # every leaf at once: out[leaf][i] = chunk[leaf][index[i] // chunk_size][row]
+        n = index.shape[0]
+        for leaf in range(addresses.shape[0]):
+            width = row_bytes[leaf]
+            out = numba.carray(_nb_voidptr(out_addresses[leaf]), (n * width,), np.uint8)
+            for i in range(n):
+                k = index[i] // chunk_size
+                row = index[i] - k * chunk_size
+                src = numba.carray(
+                    _nb_voidptr(addresses[leaf, k] + row * width), (width,), np.uint8
+                )
+                out[i * width : (i + 1) * width] = src
+
+
+def _gather_rows(
+    addresses: np.ndarray,
+    chunk_size: int,
+    index: np.ndarray,
+    row_bytes: np.ndarray,
+    out_addresses: np.ndarray,
+) -> None:
+    """Copy rows of fixed-shape leaves from per-chunk buffers into outputs (one call a batch)."""
+    if HAS_NUMBA:
+        _nb_gather_rows(addresses, chunk_size, index, row_bytes, out_addresses)
+        return
+    for leaf in range(addresses.shape[0]):  # pragma: no cover - numba is a core dependency
+        width = int(row_bytes[leaf])
+        for i, slot in enumerate(index.tolist()):
+            k, row = divmod(slot, chunk_size)
+            ctypes.memmove(
+                int(out_addresses[leaf]) + i * width, int(addresses[leaf, k]) + row * width, width
+            )
+
+
+class _Chunk:
+    """One chunk: sealed (a memory-mapped record batch) or open (mutable arrays in memory).
+
+    ``fixed`` holds one numpy array per fixed-shape leaf (read-only views of the file when
+    sealed, ``chunk_size``-row arrays when open); ``variable`` one list per string or ragged
+    leaf (open chunks only; a sealed chunk reads them from ``batch``).
+    """
+
+    __slots__ = ("batch", "fixed", "rows", "variable")
+
+    def __init__(self) -> None:
+        self.batch: Any = None
+        self.fixed: list[np.ndarray] = []
+        self.variable: list[list[Any]] = []
+        self.rows = 0
+
+    @property
+    def is_open(self) -> bool:
+        return self.batch is None
+
+
+class ArrowStorage(Storage):
+    """Items in memory-mapped Arrow IPC chunk files; keeps variable-length fields and strings.
+
+    Args:
+        max_size: capacity in items.
+        path: directory for the files. ``None`` makes a temporary directory that is removed
+            when the storage is closed or garbage-collected; an explicit path is kept. An
+            explicit path that already holds files is refused: reopen it with
+            :meth:`ArrowStorage.open`.
+        chunk_size: rows per chunk file (the unit of rewrite, see the module docs).
+        ragged: keys whose first dimension varies per item, for when the first write is a
+            single item (a batch's list of tensors is recognised without it).
+
+    What comes back, per Arrow column type:
+
+    ======================================  ============================  ===================
+    stored (first write gives)              Arrow type                    batch of ``B``
+    ======================================  ============================  ===================
+    tensor ``[B, *shape]``, numeric/bool    primitive, or                 tensor ``[B, *shape]``
+                                            ``fixed_size_list`` (flat)
+    list of ``B`` tensors ``[L_i, *shape]``  ``list<...>``                 jagged nested tensor
+    list of ``B`` ``str``                   ``string``                    ``NonTensorStack``
+    ======================================  ============================  ===================
+
+    A single item gives a tensor, a tensor ``[L, *shape]`` and a ``str`` respectively.
+
+    Examples:
+        >>> import torch
+        >>> storage = ArrowStorage(100, chunk_size=8)
+        >>> storage.set(slice(0, 3), {
+        ...     "obs": torch.arange(6.0).view(3, 2),
+        ...     "boxes": [torch.ones(2, 4), torch.ones(0, 4), torch.ones(1, 4)],
+        ...     "text": ["go left", "stop", "go right"],
+        ... })
+        >>> batch = storage[[2, 0]]
+        >>> batch["obs"].tolist(), batch["text"].tolist()
+        ([[4.0, 5.0], [0.0, 1.0]], ['go right', 'go left'])
+        >>> [b.shape for b in batch["boxes"].unbind()]
+        [torch.Size([1, 4]), torch.Size([2, 4])]
+        >>> storage.close()
+    """
+
+    def __init__(
+        self,
+        max_size: int,
+        path: str | os.PathLike[str] | None = None,
+        chunk_size: int | None = None,
+        ragged: tuple[str | Key, ...] | list[str | Key] = (),
+    ) -> None:
+        _pyarrow()
+        super().__init__(max_size, device="cpu")
+        if chunk_size is None:
+            chunk_size = min(self.capacity, _DEFAULT_CHUNK)
+        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
+            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
+        self.chunk_size = min(chunk_size, self.capacity)
+        self._ragged = tuple((k,) if isinstance(k, str) else tuple(k) for k in ragged)
+        root, self._finalizer = storage_dir(self, path, "rbdata-arrow-")
+        self._path = root
+        self._init_state()
+        self._write_meta()
+
+    def _init_state(self) -> None:
+        n_chunks = -(-self.capacity // self.chunk_size)
+        self._chunks: list[_Chunk | None] = [None] * n_chunks
+        self._fixed: list[int] = []  # positions of fixed-shape leaves in the layout
+        self._variable: list[int] = []
+        self._addresses: np.ndarray | None = None  # [fixed leaf, chunk] buffer addresses
+        self._row_bytes = np.zeros(0, np.int64)
+        self._closed = False
+
+    # --- opening, closing, pickling --------------------------------------------------------
+    @classmethod
+    def open(cls, path: str | os.PathLike[str]) -> ArrowStorage:
+        """Reopen a flushed or closed storage directory read/write (e.g. after a restart).
+
+        Chunk files are checked against the metadata: a missing or short chunk is refused.
+        """
+        pa = _pyarrow()
+        root = Path(path)
+        meta = read_meta(root, _META_FILE, _FORMAT, _VERSION, "ArrowStorage")
+        meta_file = root / _META_FILE
+        self = cls.__new__(cls)
+        Storage.__init__(self, int(meta["capacity"]), device="cpu")
+        self.chunk_size = int(meta["chunk_size"])
+        self._ragged = tuple(tuple(k) for k in meta.get("ragged", []))
+        self._finalizer = None
+        self._path = root
+        self._init_state()
+        length, next_slot = int(meta["length"]), int(meta["next"])
+        if not 0 <= length <= self.capacity or not 0 <= next_slot < self.capacity:
+            raise ValueError(f"{meta_file}: length {length} / next slot {next_slot} out of range")
+        if "layout" in meta:
+            self._set_layout(Layout.from_json(meta["layout"]))
+        for k in range(len(self._chunks)):
+            expected = min(self.chunk_size, max(0, length - k * self.chunk_size))
+            file = root / _chunk_file(k)
+            if not expected:
+                continue
+            if not file.is_file():
+                raise ValueError(f"{file}: missing; the metadata says {expected} rows")
+            batch = pa.ipc.open_file(pa.memory_map(str(file))).get_batch(0)
+            if batch.num_rows < expected:
+                raise ValueError(
+                    f"{file}: {batch.num_rows} rows, expected {expected}; truncated or corrupt"
+                )
+            self._chunks[k] = self._sealed_chunk(batch)
+        self._length, self._next = length, next_slot
+        return self
+
+    def flush(self) -> None:
+        """Write every chunk held in memory to its file and the metadata (then plain Arrow)."""
+        for k, chunk in enumerate(self._chunks):
+            if chunk is not None and chunk.is_open:
+                self._seal(k)
+        self._write_meta()
+
+    def close(self) -> None:
+        """Flush, then unmap the files; a temporary directory (``path=None``) is removed."""
+        if self._closed:
+            return
+        if self._finalizer is None:
+            self.flush()
+        self._chunks = [None] * len(self._chunks)
+        self._addresses = None
+        self._closed = True
+        if self._finalizer is not None:
+            self._finalizer()
+
+    def __getstate__(self) -> dict[str, Any]:
+        self.flush()  # the receiving process maps the files: they must hold every row
+        return {"path": str(self._path)}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        other = type(self).open(state["path"])
+        self.__dict__.update(other.__dict__)
+        other.__dict__.clear()
+
+    @property
+    def path(self) -> Path:
+        """The storage directory."""
+        return self._path
+
+    def clear(self) -> None:
+        """Forget all items; the chunk files are removed (the layout is kept)."""
+        super().clear()
+        for k in range(len(self._chunks)):
+            (self._path / _chunk_file(k)).unlink(missing_ok=True)
+        self._chunks = [None] * len(self._chunks)
+        self._addresses = None
+        self._write_meta()
+
+    def _write_meta(self) -> None:
+        meta: dict[str, Any] = {
+            "format": _FORMAT,
+            "version": _VERSION,
+            "capacity": self.capacity,
+            "chunk_size": self.chunk_size,
+            "ragged": [list(k) for k in self._ragged],
+            "length": self._length,
+            "next": self._next,
+        }
+        if self._layout is not None:
+            meta["layout"] = self._layout.to_json()
+        atomic_write_json(self._path / _META_FILE, meta)
+
+    # --- reading -----------------------------------------------------------------------------
+    def column(self, key: str | Key, chunk: int = 0) -> Any:
+        """The rows of one leaf in one chunk, without a copy for fixed-shape leaves.
+
+        A fixed-shape leaf gives a **read-only** tensor ``[rows, *shape]`` that views the
+        memory-mapped file (or the chunk held in memory); bool leaves are bit-packed in Arrow
+        and come back as a copy. Variable leaves give a list.
+        """
+        layout = self._layout
+        key = (key,) if isinstance(key, str) else tuple(key)
+        if layout is None or key not in layout.keys:
+            raise KeyError(f"no key {key!r} in this storage")
+        c = self._chunks[chunk] if 0 <= chunk < len(self._chunks) else None
+        if c is None:
+            raise IndexError(f"chunk {chunk} holds no rows")
+        pos = layout.keys.index(key)
+        if pos in self._fixed:
+            view = c.fixed[self._fixed.index(pos)][: c.rows]
+            with warnings.catch_warnings():  # a read-only mapping: documented as read-only
+                warnings.simplefilter("ignore", UserWarning)
+                return torch.from_numpy(view)
+        return self._variable_rows(c, self._variable.index(pos), np.arange(c.rows))
+
+    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        layout = self._layout
+        if layout is None:
+            raise IndexError("the storage is empty")
+        n = int(idx.shape[0])
+        slots = idx.numpy()
+        leaves = layout.leaves
+        outputs: list[Any] = [None] * len(leaves)
+        if self._fixed:
+            if self._addresses is None:
+                self._refresh_addresses()
+            out_addresses = np.empty(len(self._fixed), np.int64)
+            for j, pos in enumerate(self._fixed):
+                leaf = leaves[pos]
+                out = torch.empty((n, *leaf.shape), dtype=leaf.dtype)
+                outputs[pos] = out
+                out_addresses[j] = out.data_ptr()
+            _gather_rows(
+                self._addresses,  # type: ignore[arg-type]
+                self.chunk_size,
+                np.ascontiguousarray(slots, dtype=np.int64),
+                self._row_bytes,
+                out_addresses,
+            )
+        for j, pos in enumerate(self._variable):
+            outputs[pos] = self._gather_variable(leaves[pos], j, slots)
+        return layout.assemble(outputs, torch.Size((n,)), self.device, extra)
+
+    def _get(self, index: int) -> Any:
+        batch = self._gather(torch.tensor([index]), None)
+        layout = self._layout
+        assert layout is not None
+        if layout.kind == TENSOR:
+            return batch[0]
+        item = batch[0]
+        for pos in self._variable:  # a string item: the str itself
+            if layout.leaves[pos].kind == STRING:
+                item.set_non_tensor(layout.keys[pos], batch.get(layout.keys[pos])[0])
+        return item
+
+    def _gather_variable(self, leaf: Leaf, j: int, slots: np.ndarray) -> Any:
+        values: list[Any] = [None] * len(slots)
+        chunk_of = slots // self.chunk_size
+        for k in np.unique(chunk_of).tolist():
+            where = np.nonzero(chunk_of == k)[0]
+            rows = slots[where] - k * self.chunk_size
+            c = self._chunks[k]
+            assert c is not None
+            for w, v in zip(where.tolist(), self._variable_rows(c, j, rows), strict=True):
+                values[w] = v
+        if leaf.kind == STRING:
+            return NonTensorStack.from_list(values)
+        tensors = [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
+        if not tensors:
+            return torch.empty((0, 0, *leaf.shape), dtype=leaf.dtype)
+        lengths = torch.tensor([t.shape[0] for t in tensors], dtype=torch.long)
+        offsets = torch.zeros(len(tensors) + 1, dtype=torch.long)
+        torch.cumsum(lengths, 0, out=offsets[1:])
+        flat = torch.cat(tensors).to(leaf.dtype)
+        return torch.nested.nested_tensor_from_jagged(flat, offsets)
+
+    def _variable_rows(self, c: _Chunk, j: int, rows: np.ndarray) -> list[Any]:
+        if c.is_open:
+            column = c.variable[j]
+            return [column[r] for r in rows.tolist()]
+        pa = _pyarrow()
+        leaf = self._layout.leaves[self._variable[j]]  # type: ignore[union-attr]
+        taken = c.batch.column(self._variable[j]).take(pa.array(rows))
+        if leaf.kind == STRING:
+            return [s if s is not None else "" for s in taken.to_pylist()]
+        lengths = pa.compute.list_value_length(taken).fill_null(0).to_numpy()
+        flat = taken.flatten()
+        if leaf.shape:
+            flat = flat.flatten()
+        values = flat.to_numpy(zero_copy_only=False).reshape(-1, *leaf.shape)
+        return np.split(values, np.cumsum(lengths)[:-1])
+
+    # --- writing -------------------------------------------------------------------------
+    def prepare(self, data: Any, batched: bool) -> Prepared:
+        """Validate ``data`` (the layout may hold variable-length leaves; see the class)."""
+        layout = self._current_layout()
+        if layout is None:
+            from rbdata._layout import is_structured, stack_items
+
+            if batched and isinstance(data, (list, tuple)) and data and is_structured(data[0]):
+                data = stack_items(data)
+            layout = Layout.from_data(data, batched, variable=True, ragged=self._ragged)
+            for leaf in layout.leaves:
+                if leaf.kind != STRING and leaf.dtype not in _TORCH_TO_NUMPY:
+                    raise TypeError(
+                        f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
+                        f"supported: {', '.join(str(d)[6:] for d in _TORCH_TO_NUMPY)}"
+                    )
+            tensors, n = layout.split(data, batched)
+            return Prepared(list(tensors), n, layout, batched)
+        return super().prepare(data, batched)
+
+    def _set_layout(self, layout: Layout) -> None:
+        self._layout = layout
+        self._fixed = [i for i, leaf in enumerate(layout.leaves) if leaf.kind == TENSOR]
+        self._variable = [i for i, leaf in enumerate(layout.leaves) if leaf.kind != TENSOR]
+        self._row_bytes = np.array(
+            [layout.leaves[i].numel * layout.leaves[i].dtype.itemsize for i in self._fixed],
+            dtype=np.int64,
+        )
+
+    def _allocate(self, layout: Layout) -> None:
+        self._set_layout(layout)
+        self._write_meta()
+
+    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+        """Write prepared data, then write back every chunk the cursor has left."""
+        if self._closed:
+            raise ValueError("the storage is closed")
+        super().commit(index, prepared)
+        tail = self._next // self.chunk_size
+        sealed = False
+        for k, chunk in enumerate(self._chunks):
+            if chunk is not None and chunk.is_open and k != tail:
+                self._seal(k)
+                sealed = True
+        if sealed:
+            self._write_meta()
+
+    def _set_length(self, n: int) -> None:
+        # rows between the old and the new length exist (zeros, empty, "") in open chunks
+        cs = self.chunk_size
+        for k in range(self._length // cs, -(-n // cs)):
+            self._open_chunk(k)
+        self._length = n
+
+    def _open_chunk(self, k: int) -> _Chunk:
+        """The chunk ``k`` in memory, opened from its file (a copy) or new."""
+        chunk = self._chunks[k]
+        if chunk is not None and chunk.is_open:
+            return chunk
+        layout = self._layout
+        assert layout is not None
+        rows = min(self.chunk_size, self.capacity - k * self.chunk_size)
+        new = _Chunk()
+        new.rows = rows
+        for pos in self._fixed:
+            leaf = layout.leaves[pos]
+            new.fixed.append(np.zeros((rows, *leaf.shape), dtype=_TORCH_TO_NUMPY[leaf.dtype]))
+        for pos in self._variable:
+            leaf = layout.leaves[pos]
+            empty = (
+                ""
+                if leaf.kind == STRING
+                else np.zeros((0, *leaf.shape), _TORCH_TO_NUMPY[leaf.dtype])
+            )
+            new.variable.append([empty] * rows)
+        if chunk is not None:  # copy the sealed rows
+            held = chunk.rows
+            for dst, src in zip(new.fixed, chunk.fixed, strict=True):
+                dst[:held] = src[:held]
+            for j, column in enumerate(new.variable):
+                column[:held] = self._variable_rows(chunk, j, np.arange(held))
+        self._chunks[k] = new
+        self._addresses = None
+        return new
+
+    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+        if isinstance(index, list):
+            slots = (
+                np.concatenate([np.arange(r.start, r.stop) for r in index])
+                if index
+                else np.zeros(0, np.int64)
+            )
+        else:
+            slots = index.numpy()
+        self._write_slots(slots, payload)
+
+    def _write_one(self, index: int, payload: list[Any]) -> None:
+        layout = self._layout
+        assert layout is not None
+        batch = [
+            [v] if layout.leaves[i].kind != TENSOR else torch.as_tensor(v).unsqueeze(0)
+            for i, v in enumerate(payload)
+        ]
+        self._write_slots(np.array([index], dtype=np.int64), batch)
+
+    def _write_slots(self, slots: np.ndarray, payload: list[Any]) -> None:
+        layout = self._layout
+        assert layout is not None
+        cs = self.chunk_size
+        arrays = []
+        for pos in self._fixed:
+            leaf = layout.leaves[pos]
+            t = payload[pos]
+            arrays.append(t.detach().to(device="cpu", dtype=leaf.dtype).numpy())
+        chunk_of = slots // cs
+        for k in np.unique(chunk_of).tolist():
+            chunk = self._open_chunk(k)
+            where = np.nonzero(chunk_of == k)[0]
+            rows = slots[where] - k * cs
+            contiguous = (
+                rows.size
+                and rows[-1] - rows[0] + 1 == rows.size
+                and where[-1] - where[0] + 1 == where.size
+            )
+            for dst, src in zip(chunk.fixed, arrays, strict=True):
+                if contiguous and bool((np.diff(rows) == 1).all()):
+                    dst[rows[0] : rows[-1] + 1] = src[where[0] : where[-1] + 1]
+                else:
+                    dst[rows] = src[where]
+            for j, pos in enumerate(self._variable):
+                leaf = layout.leaves[pos]
+                column, values = chunk.variable[j], payload[pos]
+                for r, w in zip(rows.tolist(), where.tolist(), strict=True):
+                    v = values[w]
+                    if leaf.kind == RAGGED:
+                        v = v.detach().to(device="cpu", dtype=leaf.dtype).numpy()
+                    column[r] = v
+
+    # --- chunk files -----------------------------------------------------------------------
+    def _seal(self, k: int) -> None:
+        """Write open chunk ``k`` (its filled rows) to its file and map the file."""
+        pa = _pyarrow()
+        chunk = self._chunks[k]
+        assert chunk is not None and chunk.is_open
+        layout = self._layout
+        assert layout is not None
+        rows = min(chunk.rows, max(0, self._length - k * self.chunk_size))
+        columns, fields = [], []
+        fixed_iter, variable_iter = iter(chunk.fixed), iter(chunk.variable)
+        for leaf in layout.leaves:
+            if leaf.kind == TENSOR:
+                array = _fixed_array(pa, next(fixed_iter)[:rows], leaf)
+            elif leaf.kind == STRING:
+                array = pa.array(next(variable_iter)[:rows], pa.string())
+            else:
+                array = _ragged_array(pa, next(variable_iter)[:rows], leaf)
+            meta = {
+                "rbdata.shape": json.dumps(list(leaf.shape)),
+                "rbdata.dtype": str(leaf.dtype)[6:],
+            }
+            fields.append(pa.field(_column_name(leaf.key), array.type, metadata=meta))
+            columns.append(array)
+        batch = pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
+        file = self._path / _chunk_file(k)
+        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
+            writer.write_batch(batch)
+        os.replace(tmp, file)
+        self._chunks[k] = self._sealed_chunk(
+            pa.ipc.open_file(pa.memory_map(str(file))).get_batch(0)
+        )
+        self._addresses = None
+
+    def _sealed_chunk(self, batch: Any) -> _Chunk:
+        layout = self._layout
+        assert layout is not None
+        chunk = _Chunk()
+        chunk.batch = batch
+        chunk.rows = batch.num_rows
+        for pos in self._fixed:
+            leaf = layout.leaves[pos]
+            column = batch.column(pos)
+            flat = column.flatten() if leaf.shape else column
+            if leaf.dtype is torch.bool:  # bit-packed in Arrow: unpacked once, a copy
+                view = flat.to_numpy(zero_copy_only=False)
+            else:
+                view = flat.to_numpy(zero_copy_only=True)
+            chunk.fixed.append(view.reshape(batch.num_rows, *leaf.shape))
+        return chunk
+
+    def _refresh_addresses(self) -> None:
+        addresses = np.zeros((len(self._fixed), len(self._chunks)), np.int64)
+        for k, chunk in enumerate(self._chunks):
+            if chunk is not None:
+                for j, array in enumerate(chunk.fixed):
+                    addresses[j, k] = array.ctypes.data
+        self._addresses = addresses
+
+
+def _fixed_array(pa: Any, values: np.ndarray, leaf: Leaf) -> Any:
+    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    if not leaf.shape:
+        return flat
+    return pa.FixedSizeListArray.from_arrays(flat, leaf.numel)
+
+
+def _ragged_array(pa: Any, items: list[np.ndarray], leaf: Leaf) -> Any:
+    lengths = np.array([len(v) for v in items], dtype=np.int64)
+    offsets = np.zeros(len(items) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    dtype = _TORCH_TO_NUMPY[leaf.dtype]
+    values = (
+        np.concatenate([np.asarray(v, dtype=dtype).reshape(-1) for v in items])
+        if items
+        else np.zeros(0, dtype)
+    )
+    inner = pa.array(values)
+    if leaf.shape:
+        inner = pa.FixedSizeListArray.from_arrays(inner, leaf.numel)
+    return pa.ListArray.from_arrays(pa.array(offsets), inner)
