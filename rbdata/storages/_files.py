@@ -37,13 +37,14 @@ def storage_dir(
     return root, None
 
 
-def atomic_write_json(path: Path, obj: Any) -> None:
-    """Write JSON to a temporary file, fsync it, then rename it over ``path``."""
+def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
+    """Write JSON to a temporary file (fsync'ed if ``fsync``), then rename it over ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     with open(tmp, "w", encoding="utf-8") as f:
         json.dump(obj, f, indent=1)
-        f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(tmp, path)
 
 

@@ -88,22 +88,37 @@ def _chunk_file(k: int) -> str:
 
 if HAS_NUMBA:
 
+    @numba.njit(cache=True, nogil=True, inline="always")
+    def _nb_copy_rows(
+        src_addresses: Any, chunk_size: int, index: Any, width: int, out_address: int, dtype: Any
+    ) -> None:  # pragma: no cover
+        # rows of ``width`` elements of ``dtype``: element loops, no per-row slice objects
+        n = index.shape[0]
+        out = numba.carray(_nb_voidptr(out_address), (n * width,), dtype)
+        for i in range(n):
+            k = index[i] // chunk_size
+            row = index[i] - k * chunk_size
+            src = numba.carray(_nb_voidptr(src_addresses[k]), ((row + 1) * width,), dtype)
+            for e in range(width):
+                out[i * width + e] = src[row * width + e]
+
     @numba.njit(cache=True, nogil=True)
     def _nb_gather_rows(
         addresses: Any, chunk_size: int, index: Any, row_bytes: Any, out_addresses: Any
     ) -> None:  # pragma: no cover
-        # every leaf at once: out[leaf][i] = chunk[leaf][index[i] // chunk_size][row]
-        n = index.shape[0]
+        # every leaf at once: out[leaf][i] = chunk[leaf][index[i] // chunk_size][row], copied
+        # in the widest unit that divides the row (buffers are at least 8-byte aligned)
         for leaf in range(addresses.shape[0]):
             width = row_bytes[leaf]
-            out = numba.carray(_nb_voidptr(out_addresses[leaf]), (n * width,), np.uint8)
-            for i in range(n):
-                k = index[i] // chunk_size
-                row = index[i] - k * chunk_size
-                src = numba.carray(
-                    _nb_voidptr(addresses[leaf, k] + row * width), (width,), np.uint8
-                )
-                out[i * width : (i + 1) * width] = src
+            src, out = addresses[leaf], out_addresses[leaf]
+            if width % 8 == 0:
+                _nb_copy_rows(src, chunk_size, index, width // 8, out, np.uint64)
+            elif width % 4 == 0:
+                _nb_copy_rows(src, chunk_size, index, width // 4, out, np.uint32)
+            elif width % 2 == 0:
+                _nb_copy_rows(src, chunk_size, index, width // 2, out, np.uint16)
+            else:
+                _nb_copy_rows(src, chunk_size, index, width, out, np.uint8)
 
 
 def _gather_rows(
@@ -134,10 +149,13 @@ class _Chunk:
     leaf (open chunks only; a sealed chunk reads them from ``batch``).
     """
 
-    __slots__ = ("batch", "fixed", "rows", "variable")
+    __slots__ = ("base", "batch", "file", "fixed", "rows", "variable", "writable")
 
     def __init__(self) -> None:
         self.batch: Any = None
+        self.file: Path | None = None
+        self.base = 0  # the address of the file's mapping (sealed)
+        self.writable: list[np.ndarray] | None = None  # writable views of the file's columns
         self.fixed: list[np.ndarray] = []
         self.variable: list[list[Any]] = []
         self.rows = 0
@@ -216,6 +234,7 @@ class ArrowStorage(Storage):
         self._variable: list[int] = []
         self._addresses: np.ndarray | None = None  # [fixed leaf, chunk] buffer addresses
         self._row_bytes = np.zeros(0, np.int64)
+        self._specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._closed = False
 
     # --- opening, closing, pickling --------------------------------------------------------
@@ -248,12 +267,15 @@ class ArrowStorage(Storage):
                 continue
             if not file.is_file():
                 raise ValueError(f"{file}: missing; the metadata says {expected} rows")
-            batch = pa.ipc.open_file(pa.memory_map(str(file))).get_batch(0)
-            if batch.num_rows < expected:
+            try:
+                chunk = self._sealed_chunk(file)
+            except (OSError, pa.ArrowInvalid) as err:
+                raise ValueError(f"{file}: not a readable Arrow IPC file ({err})") from err
+            if chunk.rows < expected:
                 raise ValueError(
-                    f"{file}: {batch.num_rows} rows, expected {expected}; truncated or corrupt"
+                    f"{file}: {chunk.rows} rows, expected {expected}; truncated or corrupt"
                 )
-            self._chunks[k] = self._sealed_chunk(batch)
+            self._chunks[k] = chunk
         self._length, self._next = length, next_slot
         return self
 
@@ -299,7 +321,7 @@ class ArrowStorage(Storage):
         self._addresses = None
         self._write_meta()
 
-    def _write_meta(self) -> None:
+    def _write_meta(self, fsync: bool = True) -> None:
         meta: dict[str, Any] = {
             "format": _FORMAT,
             "version": _VERSION,
@@ -311,7 +333,7 @@ class ArrowStorage(Storage):
         }
         if self._layout is not None:
             meta["layout"] = self._layout.to_json()
-        atomic_write_json(self._path / _META_FILE, meta)
+        atomic_write_json(self._path / _META_FILE, meta, fsync)
 
     # --- reading -----------------------------------------------------------------------------
     def column(self, key: str | Key, chunk: int = 0) -> Any:
@@ -329,39 +351,44 @@ class ArrowStorage(Storage):
         if c is None:
             raise IndexError(f"chunk {chunk} holds no rows")
         pos = layout.keys.index(key)
+        # an open chunk holds chunk_size rows, filled or not: only the filled ones are rows
+        rows = min(c.rows, max(0, self._length - chunk * self.chunk_size))
         if pos in self._fixed:
-            view = c.fixed[self._fixed.index(pos)][: c.rows]
+            view = c.fixed[self._fixed.index(pos)][:rows]
             with warnings.catch_warnings():  # a read-only mapping: documented as read-only
                 warnings.simplefilter("ignore", UserWarning)
                 return torch.from_numpy(view)
-        return self._variable_rows(c, self._variable.index(pos), np.arange(c.rows))
+        return self._variable_rows(c, self._variable.index(pos), np.arange(rows))
 
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        if self._closed:  # the chunks are unmapped: the gather kernel would read address 0
+            raise ValueError("the storage is closed")
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
         n = int(idx.shape[0])
         slots = idx.numpy()
-        leaves = layout.leaves
-        outputs: list[Any] = [None] * len(leaves)
+        if not slots.flags.c_contiguous:
+            slots = np.ascontiguousarray(slots)
+        outputs: list[Any] = []
         if self._fixed:
             if self._addresses is None:
                 self._refresh_addresses()
-            out_addresses = np.empty(len(self._fixed), np.int64)
-            for j, pos in enumerate(self._fixed):
-                leaf = leaves[pos]
-                out = torch.empty((n, *leaf.shape), dtype=leaf.dtype)
-                outputs[pos] = out
-                out_addresses[j] = out.data_ptr()
+            outputs = [torch.empty((n, *shape), dtype=dtype) for shape, dtype in self._specs]
             _gather_rows(
                 self._addresses,  # type: ignore[arg-type]
                 self.chunk_size,
-                np.ascontiguousarray(slots, dtype=np.int64),
+                slots,
                 self._row_bytes,
-                out_addresses,
+                np.array([out.data_ptr() for out in outputs], dtype=np.int64),
             )
-        for j, pos in enumerate(self._variable):
-            outputs[pos] = self._gather_variable(leaves[pos], j, slots)
+        if self._variable:  # back to layout order
+            leaves = layout.leaves
+            fixed, outputs = outputs, [None] * len(leaves)
+            for pos, out in zip(self._fixed, fixed, strict=True):
+                outputs[pos] = out
+            for j, pos in enumerate(self._variable):
+                outputs[pos] = self._gather_variable(leaves[pos], j, slots)
         return layout.assemble(outputs, torch.Size((n,)), self.device, extra)
 
     def _get(self, index: int) -> Any:
@@ -388,13 +415,15 @@ class ArrowStorage(Storage):
                 values[w] = v
         if leaf.kind == STRING:
             return NonTensorStack.from_list(values)
-        tensors = [torch.from_numpy(np.ascontiguousarray(v)) for v in values]
-        if not tensors:
+        if not values:
             return torch.empty((0, 0, *leaf.shape), dtype=leaf.dtype)
-        lengths = torch.tensor([t.shape[0] for t in tensors], dtype=torch.long)
-        offsets = torch.zeros(len(tensors) + 1, dtype=torch.long)
+        lengths = torch.tensor([len(v) for v in values], dtype=torch.long)
+        offsets = torch.zeros(len(values) + 1, dtype=torch.long)
         torch.cumsum(lengths, 0, out=offsets[1:])
-        flat = torch.cat(tensors).to(leaf.dtype)
+        # np.concatenate copies into a new, writable array: torch.from_numpy on each row, a
+        # read-only view of a sealed (memory-mapped) chunk, warned "not writable" (an error
+        # under -W error) and then copied anyway in torch.cat
+        flat = torch.from_numpy(np.concatenate(values)).to(leaf.dtype)
         return torch.nested.nested_tensor_from_jagged(flat, offsets)
 
     def _variable_rows(self, c: _Chunk, j: int, rows: np.ndarray) -> list[Any]:
@@ -437,6 +466,7 @@ class ArrowStorage(Storage):
         self._layout = layout
         self._fixed = [i for i, leaf in enumerate(layout.leaves) if leaf.kind == TENSOR]
         self._variable = [i for i, leaf in enumerate(layout.leaves) if leaf.kind != TENSOR]
+        self._specs = [(layout.leaves[i].shape, layout.leaves[i].dtype) for i in self._fixed]
         self._row_bytes = np.array(
             [layout.leaves[i].numel * layout.leaves[i].dtype.itemsize for i in self._fixed],
             dtype=np.int64,
@@ -457,8 +487,8 @@ class ArrowStorage(Storage):
             if chunk is not None and chunk.is_open and k != tail:
                 self._seal(k)
                 sealed = True
-        if sealed:
-            self._write_meta()
+        if sealed:  # durable at the next flush (fsync'ed): a write must not wait for the disk
+            self._write_meta(fsync=False)
 
     def _set_length(self, n: int) -> None:
         # rows between the old and the new length exist (zeros, empty, "") in open chunks
@@ -499,15 +529,25 @@ class ArrowStorage(Storage):
         return new
 
     def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        if isinstance(index, list):
-            slots = (
-                np.concatenate([np.arange(r.start, r.stop) for r in index])
-                if index
-                else np.zeros(0, np.int64)
-            )
-        else:
-            slots = index.numpy()
-        self._write_slots(slots, payload)
+        fixed = self._fixed_arrays(payload)
+        if isinstance(index, torch.Tensor):
+            self._write_slots(index.numpy(), fixed, payload)
+            return
+        cs, offset = self.chunk_size, 0
+        for run in index:  # contiguous runs (a ring writer's path): slice copies per chunk
+            start = run.start
+            while start < run.stop:
+                k = start // cs
+                stop = min(run.stop, (k + 1) * cs)
+                row, count = start - k * cs, stop - start
+                targets, chunk = self._targets(k)
+                for dst, src in zip(targets, fixed, strict=True):
+                    dst[row : row + count] = src[offset : offset + count]
+                for j, pos in enumerate(self._variable):
+                    values = payload[pos][offset : offset + count]
+                    chunk.variable[j][row : row + count] = self._variable_values(pos, values)
+                offset += count
+                start = stop
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         layout = self._layout
@@ -516,39 +556,36 @@ class ArrowStorage(Storage):
             [v] if layout.leaves[i].kind != TENSOR else torch.as_tensor(v).unsqueeze(0)
             for i, v in enumerate(payload)
         ]
-        self._write_slots(np.array([index], dtype=np.int64), batch)
+        slot = np.array([index], dtype=np.int64)
+        self._write_slots(slot, self._fixed_arrays(batch), batch)
 
-    def _write_slots(self, slots: np.ndarray, payload: list[Any]) -> None:
+    def _fixed_arrays(self, payload: list[Any]) -> list[np.ndarray]:
         layout = self._layout
         assert layout is not None
+        return [
+            payload[pos].detach().to(device="cpu", dtype=layout.leaves[pos].dtype).numpy()
+            for pos in self._fixed
+        ]
+
+    def _variable_values(self, pos: int, values: list[Any]) -> list[Any]:
+        leaf = self._layout.leaves[pos]  # type: ignore[union-attr]
+        if leaf.kind == RAGGED:
+            return [v.detach().to(device="cpu", dtype=leaf.dtype).numpy() for v in values]
+        return list(values)
+
+    def _write_slots(self, slots: np.ndarray, fixed: list[np.ndarray], payload: list[Any]) -> None:
         cs = self.chunk_size
-        arrays = []
-        for pos in self._fixed:
-            leaf = layout.leaves[pos]
-            t = payload[pos]
-            arrays.append(t.detach().to(device="cpu", dtype=leaf.dtype).numpy())
         chunk_of = slots // cs
         for k in np.unique(chunk_of).tolist():
-            chunk = self._open_chunk(k)
+            targets, chunk = self._targets(k)
             where = np.nonzero(chunk_of == k)[0]
             rows = slots[where] - k * cs
-            contiguous = (
-                rows.size
-                and rows[-1] - rows[0] + 1 == rows.size
-                and where[-1] - where[0] + 1 == where.size
-            )
-            for dst, src in zip(chunk.fixed, arrays, strict=True):
-                if contiguous and bool((np.diff(rows) == 1).all()):
-                    dst[rows[0] : rows[-1] + 1] = src[where[0] : where[-1] + 1]
-                else:
-                    dst[rows] = src[where]
+            for dst, src in zip(targets, fixed, strict=True):
+                dst[rows] = src[where]  # duplicates: the last one wins, as in numpy
             for j, pos in enumerate(self._variable):
-                leaf = layout.leaves[pos]
-                column, values = chunk.variable[j], payload[pos]
-                for r, w in zip(rows.tolist(), where.tolist(), strict=True):
-                    v = values[w]
-                    if leaf.kind == RAGGED:
-                        v = v.detach().to(device="cpu", dtype=leaf.dtype).numpy()
+                values = self._variable_values(pos, [payload[pos][w] for w in where.tolist()])
+                column = chunk.variable[j]
+                for r, v in zip(rows.tolist(), values, strict=True):
                     column[r] = v
 
     # --- chunk files -----------------------------------------------------------------------
@@ -581,27 +618,52 @@ class ArrowStorage(Storage):
         with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
             writer.write_batch(batch)
         os.replace(tmp, file)
-        self._chunks[k] = self._sealed_chunk(
-            pa.ipc.open_file(pa.memory_map(str(file))).get_batch(0)
-        )
+        self._chunks[k] = self._sealed_chunk(file)
         self._addresses = None
 
-    def _sealed_chunk(self, batch: Any) -> _Chunk:
+    def _sealed_chunk(self, file: Path) -> _Chunk:
+        """Map a chunk file: zero-copy read-only views of its fixed-shape columns."""
+        pa = _pyarrow()
         layout = self._layout
         assert layout is not None
+        source = pa.memory_map(str(file))
         chunk = _Chunk()
-        chunk.batch = batch
+        chunk.file = file
+        chunk.base = source.read_buffer(1).address  # byte 0 of the mapping
+        source.seek(0)
+        batch = chunk.batch = pa.ipc.open_file(source).get_batch(0)
         chunk.rows = batch.num_rows
         for pos in self._fixed:
             leaf = layout.leaves[pos]
             column = batch.column(pos)
             flat = column.flatten() if leaf.shape else column
-            if leaf.dtype is torch.bool:  # bit-packed in Arrow: unpacked once, a copy
-                view = flat.to_numpy(zero_copy_only=False)
-            else:
-                view = flat.to_numpy(zero_copy_only=True)
+            view = flat.to_numpy(zero_copy_only=True)  # bools are stored as uint8
+            if leaf.dtype is torch.bool:
+                view = view.view(np.bool_)
             chunk.fixed.append(view.reshape(batch.num_rows, *leaf.shape))
         return chunk
+
+    def _targets(self, k: int) -> tuple[list[np.ndarray], _Chunk]:
+        """Where a write to chunk ``k`` goes: its file in place, or the chunk in memory.
+
+        A full chunk of a layout without variable-length leaves is written in place
+        through a writable mapping of its file (fixed-size Arrow buffers stay valid Arrow),
+        like :class:`MemmapStorage`: a ring on its second lap rewrites no file.
+        """
+        chunk = self._chunks[k]
+        full = min(self.chunk_size, self.capacity - k * self.chunk_size)
+        if chunk is None or chunk.is_open or self._variable or chunk.rows != full:
+            chunk = self._open_chunk(k)
+            return chunk.fixed, chunk
+        if chunk.writable is None:
+            whole = np.memmap(chunk.file, dtype=np.uint8, mode="r+")  # type: ignore[call-overload]
+            views = []
+            for view in chunk.fixed:
+                start = view.ctypes.data - chunk.base
+                raw = whole[start : start + view.nbytes]
+                views.append(raw.view(view.dtype).reshape(view.shape))
+            chunk.writable = views
+        return chunk.writable, chunk
 
     def _refresh_addresses(self) -> None:
         addresses = np.zeros((len(self._fixed), len(self._chunks)), np.int64)
@@ -613,7 +675,10 @@ class ArrowStorage(Storage):
 
 
 def _fixed_array(pa: Any, values: np.ndarray, leaf: Leaf) -> Any:
-    flat = pa.array(np.ascontiguousarray(values).reshape(-1))
+    flat_values = np.ascontiguousarray(values).reshape(-1)
+    if leaf.dtype is torch.bool:  # uint8 0/1 (field metadata rbdata.dtype=bool): zero-copy
+        flat_values = flat_values.view(np.uint8)
+    flat = pa.array(flat_values)
     if not leaf.shape:
         return flat
     return pa.FixedSizeListArray.from_arrays(flat, leaf.numel)
