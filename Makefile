@@ -35,6 +35,7 @@ demo: venv
 bench: venv
 	$(PY) tests/benchmarks/bench_foundation.py
 	$(PY) tests/benchmarks/bench_samplers.py
+	$(PY) tests/benchmarks/bench_arrow.py
 
 docs: venv
 	$(PY) -m sphinx -W -b html docs docs/_build/html

@@ -20,6 +20,12 @@ newest ``capacity`` rows are always stored exactly. The trade-off: a random ``se
 several chunks rewrites each of them (``chunk_size`` rows each), and rows in the chunk under
 the cursor reach the disk at the next flush, not at once (unlike :class:`MemmapStorage`,
 whose every write is in shared memory).
+
+When every leaf is fixed-shape, a *full* chunk is not rewritten: its fixed-size Arrow
+buffers are written in place through a writable mapping of the file (still valid Arrow), so
+a ring on its second lap costs about what :class:`MemmapStorage` costs. Bool leaves are
+stored as ``uint8`` 0/1 (field metadata ``rbdata.dtype = "bool"``) for that reason: Arrow's
+own booleans are bit-packed.
 """
 
 from __future__ import annotations
@@ -184,7 +190,8 @@ class ArrowStorage(Storage):
     stored (first write gives)              Arrow type                    batch of ``B``
     ======================================  ============================  ===================
     tensor ``[B, *shape]``, numeric/bool    primitive, or                 tensor ``[B, *shape]``
-                                            ``fixed_size_list`` (flat)
+                                            ``fixed_size_list`` (flat;
+                                            bool as uint8)
     list of ``B`` tensors ``[L_i, *shape]``  ``list<...>``                 jagged nested tensor
     list of ``B`` ``str``                   ``string``                    ``NonTensorStack``
     ======================================  ============================  ===================
