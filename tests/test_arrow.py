@@ -443,6 +443,27 @@ def test_open_refuses_chunk_with_fewer_rows(tmp_path: Path) -> None:
         ArrowStorage.open(path)
 
 
+def test_open_refuses_a_column_of_another_dtype(tmp_path: Path) -> None:
+    path = tmp_path / "rb"
+    closed_storage(path)
+    file = path / "chunk-000001.arrow"
+    with pa.memory_map(str(file)) as source:
+        table = pa.ipc.open_file(source).read_all()
+    name = table.column_names[0]
+    # the same rows with the first column narrowed: the gather kernel must never see it
+    narrowed = table.set_column(0, name, table.column(0).cast(_narrower(table.column(0).type)))
+    with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, narrowed.schema) as writer:
+        writer.write_table(narrowed)
+    with pytest.raises(ValueError, match=rf"chunk-000001\.arrow: column '{re.escape(name)}' holds"):
+        ArrowStorage.open(path)
+
+
+def _narrower(arrow_type: pa.DataType) -> pa.DataType:
+    if pa.types.is_fixed_size_list(arrow_type):
+        return pa.list_(pa.int8(), arrow_type.list_size)
+    return pa.int8()
+
+
 def test_open_refuses_corrupt_or_foreign_metadata(tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match=r"is not a ArrowStorage: no _rbdata\.json"):
         ArrowStorage.open(tmp_path / "nothing")

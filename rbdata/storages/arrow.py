@@ -288,6 +288,8 @@ class ArrowStorage(Storage):
 
     def flush(self) -> None:
         """Write every chunk held in memory to its file and the metadata (then plain Arrow)."""
+        if self._closed:
+            raise ValueError("the storage is closed")
         for k, chunk in enumerate(self._chunks):
             if chunk is not None and chunk.is_open:
                 self._seal(k)
@@ -645,6 +647,14 @@ class ArrowStorage(Storage):
             column = batch.column(pos)
             flat = column.flatten() if leaf.shape else column
             view = flat.to_numpy(zero_copy_only=True)  # bools are stored as uint8
+            expected = np.uint8 if leaf.dtype is torch.bool else _TORCH_TO_NUMPY[leaf.dtype]
+            if view.dtype != expected or view.size != batch.num_rows * leaf.numel:
+                # the gather kernel trusts these buffers: a foreign file must not reach it
+                raise ValueError(
+                    f"{file}: column {_column_name(leaf.key)!r} holds {view.size} "
+                    f"{view.dtype} values, expected {batch.num_rows * leaf.numel} "
+                    f"{np.dtype(expected)} for the layout"
+                )
             if leaf.dtype is torch.bool:
                 view = view.view(np.bool_)
             chunk.fixed.append(view.reshape(batch.num_rows, *leaf.shape))
