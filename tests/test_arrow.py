@@ -13,6 +13,7 @@ import pickle
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -433,12 +434,8 @@ def test_open_refuses_truncated_chunk(tmp_path: Path) -> None:
 def test_open_refuses_chunk_with_fewer_rows(tmp_path: Path) -> None:
     path = tmp_path / "rb"
     closed_storage(path)
-    file = path / "chunk-000001.arrow"
-    with pa.memory_map(str(file)) as source:
-        table = pa.ipc.open_file(source).read_all()
-    short = table.slice(0, 2)  # a valid Arrow file, but 2 rows where the metadata says 4
-    with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, short.schema) as writer:
-        writer.write_table(short)
+    # a valid Arrow file, but 2 rows where the metadata says 4
+    _rewrite_chunk(path / "chunk-000001.arrow", lambda table: table.slice(0, 2))
     with pytest.raises(ValueError, match=r"chunk-000001\.arrow: 2 rows, expected 4; truncated"):
         ArrowStorage.open(path)
 
@@ -447,15 +444,19 @@ def test_open_refuses_a_column_of_another_dtype(tmp_path: Path) -> None:
     path = tmp_path / "rb"
     closed_storage(path)
     file = path / "chunk-000001.arrow"
-    with pa.memory_map(str(file)) as source:
-        table = pa.ipc.open_file(source).read_all()
-    name = table.column_names[0]
+    name = pa.ipc.open_file(str(file)).schema.names[0]
     # the same rows with the first column narrowed: the gather kernel must never see it
-    narrowed = table.set_column(0, name, table.column(0).cast(_narrower(table.column(0).type)))
-    with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, narrowed.schema) as writer:
-        writer.write_table(narrowed)
+    _rewrite_chunk(file, lambda t: t.set_column(0, name, t[0].cast(_narrower(t[0].type))))
     with pytest.raises(ValueError, match=rf"chunk-000001\.arrow: column '{re.escape(name)}' holds"):
         ArrowStorage.open(path)
+
+
+def _rewrite_chunk(file: Path, transform: Callable[[pa.Table], pa.Table]) -> None:
+    """Replace a chunk file with a valid Arrow file holding ``transform`` of its table."""
+    with pa.memory_map(str(file)) as source:
+        table = transform(pa.ipc.open_file(source).read_all())
+    with pa.OSFile(str(file), "wb") as sink, pa.ipc.new_file(sink, table.schema) as writer:
+        writer.write_table(table)
 
 
 def _narrower(arrow_type: pa.DataType) -> pa.DataType:
