@@ -452,24 +452,16 @@ class ArrowStorage(Storage):
         return np.split(values, np.cumsum(lengths)[:-1])
 
     # --- writing -------------------------------------------------------------------------
-    def prepare(self, data: Any, batched: bool) -> Prepared:
-        """Validate ``data`` (the layout may hold variable-length leaves; see the class)."""
-        layout = self._current_layout()
-        if layout is None:
-            from rbdata._layout import is_structured, stack_items
-
-            if batched and isinstance(data, (list, tuple)) and data and is_structured(data[0]):
-                data = stack_items(data)
-            layout = Layout.from_data(data, batched, variable=True, ragged=self._ragged)
-            for leaf in layout.leaves:
-                if leaf.kind != STRING and leaf.dtype not in _TORCH_TO_NUMPY:
-                    raise TypeError(
-                        f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
-                        f"supported: {', '.join(str(d)[6:] for d in _TORCH_TO_NUMPY)}"
-                    )
-            tensors, n = layout.split(data, batched)
-            return Prepared(list(tensors), n, layout, batched)
-        return super().prepare(data, batched)
+    def _infer_layout(self, data: Any, batched: bool) -> Layout:
+        """The first write's layout; string and ragged leaves allowed, dtypes Arrow keeps."""
+        layout = Layout.from_data(data, batched, variable=True, ragged=self._ragged)
+        for leaf in layout.leaves:
+            if leaf.kind != STRING and leaf.dtype not in _TORCH_TO_NUMPY:
+                raise TypeError(
+                    f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
+                    f"supported: {', '.join(str(d)[6:] for d in _TORCH_TO_NUMPY)}"
+                )
+        return layout
 
     def _set_layout(self, layout: Layout) -> None:
         self._layout = layout

@@ -154,7 +154,7 @@ class Storage(Dataset[Any]):
         if batched and isinstance(data, (list, tuple)) and data and is_structured(data[0]):
             data = stack_items(data)
         if layout is None:
-            layout = Layout.from_data(data, batched)
+            layout = self._infer_layout(data, batched)
         tensors, n = layout.split(data, batched)
         return Prepared(list(tensors), n, layout, batched)
 
@@ -200,6 +200,10 @@ class Storage(Dataset[Any]):
 
     def _current_layout(self) -> Layout | None:
         return self._layout
+
+    def _infer_layout(self, data: Any, batched: bool) -> Layout:
+        """The layout a first write gives (fixed-shape tensor leaves; storages may widen it)."""
+        return Layout.from_data(data, batched)
 
     def _set_length(self, n: int) -> None:
         self._length = n
