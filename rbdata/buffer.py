@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
 
+from rbdata import checkpoint
 from rbdata._index import as_index_tensor
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
@@ -167,3 +169,115 @@ class ReplayBuffer:
         reset = getattr(self.sampler, "reset", None)
         if reset is not None:
             reset()
+
+    # --- checkpoints ------------------------------------------------------------------------
+    def _components(self) -> tuple[Storage, Sampler, Writer, int | None]:
+        if not isinstance(self.sampler, Sampler):
+            raise TypeError(
+                f"cannot checkpoint the sampler {type(self.sampler).__name__}: checkpoints "
+                "need an rbdata Sampler"
+            )
+        return self.storage, self.sampler, self.writer, self.batch_size
+
+    def dumps(self, path: str | os.PathLike[str]) -> None:
+        """Write the whole buffer to directory ``path``, atomically and without pickle.
+
+        The storage's items (raw memory-mapped arrays, or Arrow IPC files), the sampler's
+        state (priority trees as raw arrays, generator state), the writer's state and the
+        batch size are saved; the transform is not. A previous checkpoint at ``path`` stays
+        live until the new one is complete, then is replaced in one atomic step: a process
+        killed at any moment leaves one complete checkpoint. See ``docs/checkpoints.md``.
+
+        Raises:
+            TypeError: if a component cannot be saved without pickle (e.g. a
+                :class:`~rbdata.storages.ListStorage` item of another type); nothing is
+                written then.
+            FileExistsError: if ``path`` holds files that are not a checkpoint's.
+        """
+        checkpoint.dump(*self._components(), path)
+
+    @classmethod
+    def loads(
+        cls, path: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None
+    ) -> ReplayBuffer:
+        """Rebuild a buffer from checkpoint directory ``path``, without constructing one first.
+
+        Memory-mapped data is mapped copy-on-write, not read: loading is fast whatever the
+        size, and writes made afterwards stay in this process (the checkpoint never
+        changes). Sampling continues exactly where the saved buffer was.
+
+        Args:
+            path: a directory written by :meth:`dumps`.
+            transform: the transform of the new buffer (transforms are not saved).
+
+        Raises:
+            rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint.
+        """
+        storage, sampler, writer, batch_size = checkpoint.load(path)
+        return cls(storage, sampler, writer, transform=transform, batch_size=batch_size)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Load checkpoint ``path`` into this buffer (its components must match).
+
+        The storage, sampler and writer classes and their configuration (capacity, priority
+        exponents...) must equal the checkpoint's; the items are copied into this buffer's
+        own storage. ``batch_size`` and ``transform`` are kept.
+
+        Raises:
+            ValueError: if the components differ (nothing is changed then).
+            rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint.
+        """
+        self._adopt(checkpoint.load(path), str(path))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole buffer as a dict for ``torch.save`` (small buffers).
+
+        It holds tensors and plain values only: ``torch.load(..., weights_only=True)``
+        reads it back. For large buffers prefer :meth:`dumps`, which writes whole arrays and
+        loads lazily.
+        """
+        return checkpoint.state_dict(*self._components())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into this buffer (same component checks as :meth:`load`)."""
+        self._adopt(checkpoint.from_state_dict(state), "state")
+
+    @classmethod
+    def from_state_dict(
+        cls, state: dict[str, Any], transform: Callable[[Any], Any] | None = None
+    ) -> ReplayBuffer:
+        """Build a new buffer from a :meth:`state_dict`."""
+        storage, sampler, writer, batch_size = checkpoint.from_state_dict(state)
+        return cls(storage, sampler, writer, transform=transform, batch_size=batch_size)
+
+    def _adopt(self, parts: checkpoint.Components, source: str) -> None:
+        """Check that ``parts`` match this buffer's components, then take their contents."""
+        mine = self._components()
+        try:
+            for kind, theirs, own in zip(
+                ("storage", "sampler", "writer"), parts, mine, strict=False
+            ):
+                _check_same(kind, theirs, own, source)
+            checkpoint.copy_storage(parts[0], self.storage)
+        finally:
+            close = getattr(parts[0], "close", None)
+            if close is not None:  # a private copy (Arrow) or mapping of the checkpoint
+                close()
+        self.sampler.load_state_dict(parts[1].state_dict())
+        self.writer.load_state_dict(parts[2].state_dict())
+
+
+def _check_same(kind: str, theirs: Any, own: Any, source: str) -> None:
+    if type(theirs) is not type(own):
+        raise ValueError(
+            f"{kind}: {source} holds a {type(theirs).__name__}, this buffer has a "
+            f"{type(own).__name__}"
+        )
+    a, b = theirs.config(), own.config()
+    diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
+    if kind == "storage" and "device" in diff:  # a tensor storage may load onto any device
+        diff.remove("device")
+    if diff:
+        given = ", ".join(f"{k}={a.get(k)!r}" for k in diff)
+        expected = ", ".join(f"{k}={b.get(k)!r}" for k in diff)
+        raise ValueError(f"{kind}: {source} has {given}, this buffer has {expected}")

@@ -7,7 +7,11 @@ natural built-in.
 
 from __future__ import annotations
 
-__all__ = ["EmptyBufferError", "MissingExtraError", "ReadOnlyError"]
+__all__ = ["CheckpointError", "EmptyBufferError", "MissingExtraError", "ReadOnlyError"]
+
+
+class CheckpointError(ValueError):
+    """Raised when a checkpoint directory is missing, incomplete, tampered with or foreign."""
 
 
 class EmptyBufferError(RuntimeError):

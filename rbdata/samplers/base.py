@@ -176,6 +176,14 @@ class Sampler(TorchSampler[int]):
     def __iter__(self) -> Iterator[int]:
         return _SampleIterator(self, total=len(self), batch_size=None)
 
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this sampler (used by checkpoints).
+
+        ``data_source`` and ``generator`` are left out: a buffer binds the storage, and
+        checkpoints restore the generator from :meth:`state_dict`.
+        """
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """The sampler's state, including its generator."""
         return {"generator": self.generator.get_state()}

@@ -311,6 +311,20 @@ class PrioritizedSampler(Sampler):
         return index, {"weight": weights}
 
     # --- state --------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Capacity, exponents, device, tree dtype and the other constructor options."""
+        return {
+            "capacity": self.capacity,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "eps": self.eps,
+            "device": str(self.device),
+            "stratified": self.stratified,
+            "default_priority": self.default_priority,
+            "max_priority": self._initial_max,
+            "dtype": self._sum.dtype,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Generator state, both trees and the highest priority seen."""
         state = super().state_dict()

@@ -242,6 +242,16 @@ class SliceSampler(Sampler):
         return index, extras
 
     # --- state ------------------------------------------------------------------------------
+    def config(self) -> dict[str, Any]:
+        """Slice length or count, episode keys and ``strict_length``."""
+        return {
+            "slice_len": self.slice_len,
+            "num_slices": self.num_slices,
+            "end_key": self.end_key,
+            "traj_key": self.traj_key,
+            "strict_length": self.strict_length,
+        }
+
     def state_dict(self) -> dict[str, Any]:
         """Generator state and the episode index."""
         state = super().state_dict()

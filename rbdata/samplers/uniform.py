@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sized
+from typing import Any
 
 import torch
 
@@ -40,6 +41,10 @@ class UniformSampler(Sampler):
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         self.num_samples = num_samples
+
+    def config(self) -> dict[str, Any]:
+        """``replacement`` and ``num_samples``."""
+        return {"replacement": self.replacement, "num_samples": self.num_samples}
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Draw ``batch_size`` indices (no extras)."""

@@ -87,6 +87,10 @@ class SamplerWithoutReplacement(Sampler):
         self._perm = None
         self._pos = 0
 
+    def config(self) -> dict[str, Any]:
+        """``drop_last``."""
+        return {"drop_last": self.drop_last}
+
     def state_dict(self) -> dict[str, Any]:
         """Generator state, the epoch's permutation and the position in it."""
         state = super().state_dict()

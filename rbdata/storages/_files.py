@@ -10,7 +10,7 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "read_meta", "storage_dir"]
+__all__ = ["atomic_write_json", "read_meta", "remove_with", "storage_dir"]
 
 
 def _remove_dir(path: str, owner_pid: int) -> None:
@@ -19,13 +19,18 @@ def _remove_dir(path: str, owner_pid: int) -> None:
         shutil.rmtree(path, ignore_errors=True)
 
 
+def remove_with(owner: object, root: Path) -> weakref.finalize:
+    """Remove directory ``root`` when ``owner`` is closed (call the result) or collected."""
+    return weakref.finalize(owner, _remove_dir, str(root), os.getpid())
+
+
 def storage_dir(
     owner: object, path: str | os.PathLike[str] | None, prefix: str
 ) -> tuple[Path, weakref.finalize | None]:
     """A new storage directory: temporary (removed with ``owner``) or an empty ``path``."""
     if path is None:
         root = Path(tempfile.mkdtemp(prefix=prefix))
-        return root, weakref.finalize(owner, _remove_dir, str(root), os.getpid())
+        return root, remove_with(owner, root)
     root = Path(path)
     if root.exists() and (not root.is_dir() or any(root.iterdir())):
         name = type(owner).__name__

@@ -234,6 +234,14 @@ class ArrowStorage(Storage):
         self._init_state()
         self._write_meta()
 
+    def config(self) -> dict[str, Any]:
+        """``max_size``, ``chunk_size`` and the declared ``ragged`` keys."""
+        return {
+            "max_size": self.capacity,
+            "chunk_size": self.chunk_size,
+            "ragged": [list(k) for k in self._ragged],
+        }
+
     def _init_state(self) -> None:
         n_chunks = -(-self.capacity // self.chunk_size)
         self._chunks: list[_Chunk | None] = [None] * n_chunks

@@ -142,6 +142,10 @@ class Storage(Dataset[Any]):
         target = self._write_target(index, prepared.n)
         self.commit(target, prepared)
 
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild an empty storage like this one (checkpoints)."""
+        return {"max_size": self.capacity}
+
     def clear(self) -> None:
         """Forget all items (the layout and the allocated memory are kept)."""
         self._set_length(0)

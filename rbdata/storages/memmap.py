@@ -28,7 +28,7 @@ from rbdata._layout import Layout
 from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
 from rbdata.storages.tensor import TensorStorage
 
-__all__ = ["MemmapStorage"]
+__all__ = ["MemmapStorage", "write_directory"]
 
 _FORMAT = "rbdata.memmap"
 _VERSION = 1
@@ -43,9 +43,18 @@ def _leaf_file(i: int, key: tuple[str, ...]) -> str:
 
 
 class _Header:
-    """A tiny shared, memory-mapped int64 array; slot 0 is the filled length."""
+    """A tiny shared, memory-mapped int64 array; slot 0 is the filled length.
 
-    def __init__(self, path: Path, create: bool) -> None:
+    A private header (``private=True``) is a copy in this process's memory instead.
+    """
+
+    def __init__(self, path: Path, create: bool, private: bool = False) -> None:
+        self._mmap: mmap.mmap | None = None
+        if private:
+            if not path.is_file() or path.stat().st_size != _HEADER_BYTES:
+                raise ValueError(f"{path}: expected a {_HEADER_BYTES}-byte header, file is corrupt")
+            self.values = np.fromfile(path, dtype=np.int64)
+            return
         if create:
             with open(path, "wb") as f:
                 f.write(b"\0" * _HEADER_BYTES)
@@ -59,7 +68,65 @@ class _Header:
 
     def close(self) -> None:
         del self.values
-        self._mmap.close()
+        if self._mmap is not None:
+            self._mmap.close()
+
+
+def _meta(capacity: int, layout: Layout | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "capacity": capacity}
+    if layout is not None:
+        meta["layout"] = layout.to_json()
+        meta["files"] = [_leaf_file(i, leaf.key) for i, leaf in enumerate(layout.leaves)]
+    return meta
+
+
+def _fsync_write(file: Path, chunks: Any, size: int) -> None:
+    with open(file, "wb") as f:
+        for chunk in chunks:
+            f.write(memoryview(chunk))
+        f.truncate(size)  # rows past the length read as zeros (a sparse tail)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _row_blocks(buf: torch.Tensor, n: int, block_bytes: int = 1 << 26) -> Any:
+    """The bytes of ``buf[:n]`` as numpy uint8 arrays (blocks copied to the CPU if needed)."""
+    row = max(1, buf[0].numel() * buf.element_size()) if buf.shape[0] else 1
+    step = max(1, block_bytes // row) if buf.device.type != "cpu" else max(n, 1)
+    for start in range(0, n, step):
+        part = buf[start : min(n, start + step)].detach().cpu().contiguous().reshape(-1)
+        yield part.view(torch.uint8).numpy()
+
+
+def write_directory(storage: TensorStorage, path: str | os.PathLike[str]) -> None:
+    """Write a :class:`TensorStorage` (CPU, CUDA or memmap) as a new storage directory.
+
+    :meth:`MemmapStorage.open` reads the directory; every file is fsync'ed. Whole arrays
+    are written: the filled rows, then a sparse zero tail up to the capacity.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> src = TensorStorage(8)
+        >>> src.set(slice(0, 3), torch.arange(6.0).view(3, 2))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     write_directory(src, tmp + "/copy")
+        ...     copy = MemmapStorage.open(tmp + "/copy")
+        ...     print(len(copy), copy[2].tolist())
+        ...     copy.close()
+        3 [4.0, 5.0]
+    """
+    root = Path(path)
+    root.mkdir(parents=True)
+    n, layout = len(storage), storage.layout
+    header = np.zeros(_HEADER_BYTES // 8, dtype=np.int64)
+    header[:2] = n, storage.next_slot
+    _fsync_write(root / _HEADER_FILE, [header.view(np.uint8)], _HEADER_BYTES)
+    meta = _meta(storage.capacity, layout)
+    if layout is not None:
+        for name, buf in zip(meta["files"], storage.buffers, strict=True):
+            size = buf.numel() * buf.element_size()
+            _fsync_write(root / name, _row_blocks(buf, n), size)
+    atomic_write_json(root / _LAYOUT_FILE, meta)
 
 
 class MemmapStorage(TensorStorage):
@@ -89,15 +156,23 @@ class MemmapStorage(TensorStorage):
         super().__init__(max_size, device="cpu")
         root, self._finalizer = storage_dir(self, path, "rbdata-memmap-")
         self._path = root
+        self._private = False
         self._header = _Header(root / _HEADER_FILE, create=True)
         atomic_write_json(root / _LAYOUT_FILE, self._meta(None))
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> MemmapStorage:
-        """Reopen an existing storage directory read/write (e.g. after a restart).
+    def open(cls, path: str | os.PathLike[str], copy_on_write: bool = False) -> MemmapStorage:
+        """Reopen an existing storage directory (e.g. after a restart).
 
         File sizes are checked against the layout: a truncated or foreign file is refused.
+
+        Args:
+            path: the storage directory.
+            copy_on_write: map the files privately: reads come from the files, lazily;
+                writes stay in this process's memory and never reach the files (how a
+                checkpoint is loaded). Such a storage pickles its data, not its path.
+                ``False`` (default): read/write, shared with every process that opens it.
         """
         root = Path(path)
         meta = read_meta(root, _LAYOUT_FILE, _FORMAT, _VERSION, "MemmapStorage")
@@ -105,19 +180,20 @@ class MemmapStorage(TensorStorage):
         TensorStorage.__init__(self, int(meta["capacity"]), device="cpu")
         self._finalizer = None
         self._path = root
-        self._header = _Header(root / _HEADER_FILE, create=False)
+        self._private = bool(copy_on_write)
+        self._header = _Header(root / _HEADER_FILE, create=False, private=self._private)
         self._load_layout(meta)
         length = len(self)
         if not 0 <= length <= self.capacity:
             raise ValueError(f"{root}: header length {length} outside [0, {self.capacity}]")
         return self
 
+    def config(self) -> dict[str, Any]:
+        """``max_size`` (checkpoints carry the data; the path is chosen when loading)."""
+        return {"max_size": self.capacity}
+
     def _meta(self, layout: Layout | None) -> dict[str, Any]:
-        meta: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "capacity": self.capacity}
-        if layout is not None:
-            meta["layout"] = layout.to_json()
-            meta["files"] = [_leaf_file(i, leaf.key) for i, leaf in enumerate(layout.leaves)]
-        return meta
+        return _meta(self.capacity, layout)
 
     def _load_layout(self, meta: dict[str, Any]) -> None:
         if "layout" not in meta:
@@ -134,25 +210,50 @@ class MemmapStorage(TensorStorage):
                     f"(capacity {self.capacity} x {list(leaf.shape)} {leaf.dtype}); truncated or "
                     "corrupt"
                 )
-            mmt = MemoryMappedTensor.from_filename(
-                str(file), leaf.dtype, (self.capacity, *leaf.shape)
-            )
-            buffers.append(mmt.as_subclass(torch.Tensor))
+            shape = (self.capacity, *leaf.shape)
+            if self._private:  # MAP_PRIVATE: lazy reads, writes never reach the file
+                numel = self.capacity * leaf.numel
+                flat = torch.from_file(str(file), shared=False, size=numel, dtype=leaf.dtype)
+                buffers.append(flat.view(shape))
+            else:
+                mmt = MemoryMappedTensor.from_filename(str(file), leaf.dtype, shape)
+                buffers.append(mmt.as_subclass(torch.Tensor))
         self._set_buffers(buffers, layout)
         self._layout = layout
 
     def _current_layout(self) -> Layout | None:
-        if self._layout is None:  # another process may have made the first write
+        if self._layout is None and not self._private:  # another process's first write?
             self._load_layout(json.loads((self._path / _LAYOUT_FILE).read_text(encoding="utf-8")))
         return self._layout
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"path": str(self._path)}
+        if not self._private:
+            return {"path": str(self._path)}
+        # private writes are in this process only: send the data (like a TensorStorage)
+        layout = None if self._layout is None else self._layout.to_json()
+        values = self._header.values
+        return {
+            "path": str(self._path),
+            "capacity": self.capacity,
+            "layout": layout,
+            "buffers": self._buffers,
+            "header": [int(values[0]), int(values[1])],
+        }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        other = type(self).open(state["path"])
-        self.__dict__.update(other.__dict__)
-        other.__dict__.clear()
+        if "buffers" not in state:
+            other = type(self).open(state["path"])
+            self.__dict__.update(other.__dict__)
+            other.__dict__.clear()
+            return
+        TensorStorage.__init__(self, state["capacity"], device="cpu")
+        self._finalizer, self._path, self._private = None, Path(state["path"]), True
+        self._header = _Header.__new__(_Header)
+        self._header._mmap = None
+        self._header.values = np.array(state["header"] + [0] * 6, dtype=np.int64)
+        if state["layout"] is not None:
+            self._layout = Layout.from_json(state["layout"])
+            self._set_buffers(state["buffers"], self._layout)
 
     def close(self) -> None:
         """Unmap the files; a temporary directory (``path=None``) is removed."""
@@ -193,6 +294,9 @@ class MemmapStorage(TensorStorage):
         self._header.values[1] = slot
 
     def _allocate(self, layout: Layout) -> None:
+        if self._private:  # never create files in a directory opened copy-on-write
+            TensorStorage._allocate(self, layout)
+            return
         meta = self._meta(layout)
         buffers = []
         for name, leaf in zip(meta["files"], layout.leaves, strict=True):

@@ -40,6 +40,10 @@ class TensorStorage(Storage):
         self._np_buffers: list[np.ndarray] | None = None
         self._plain = False
 
+    def config(self) -> dict[str, Any]:
+        """``max_size`` and ``device``."""
+        return {"max_size": self.capacity, "device": str(self.device)}
+
     def _set_buffers(self, buffers: list[torch.Tensor], layout: Layout) -> None:
         self._buffers = buffers
         self._plain = layout.kind == "tensor"

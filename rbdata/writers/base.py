@@ -30,6 +30,10 @@ class Writer(ABC):
     def reset(self) -> None:  # noqa: B027 - optional hook, stateless writers need nothing
         """Forget the write position (called by ``ReplayBuffer.empty``)."""
 
+    def config(self) -> dict[str, Any]:
+        """Constructor arguments that rebuild this writer (used by checkpoints)."""
+        return {}
+
     def state_dict(self) -> dict[str, Any]:
         """The writer's state (JSON-able values and tensors)."""
         return {}

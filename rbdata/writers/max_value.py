@@ -322,6 +322,10 @@ class MaxValueWriter(Writer):
         self._count = 0
         self._next_stamp = 0
 
+    def config(self) -> dict[str, Any]:
+        """``rank_key`` and ``capacity``."""
+        return {"rank_key": self._key, "capacity": self._capacity}
+
     def state_dict(self) -> dict[str, Any]:
         """The rank key, capacity, per-slot ``ranks`` and ``stamps`` (tensors), count, stamp.
 

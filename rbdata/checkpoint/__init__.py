@@ -1,0 +1,271 @@
+"""Pickle-free, atomic checkpoints of replay buffers, and ``torch.save``-able state dicts.
+
+A checkpoint directory holds ``CURRENT`` (naming the live subdirectory, switched by one atomic
+file rename) and the subdirectory: ``checkpoint.json`` (format version, the class, constructor
+config and state of the storage, sampler and writer), ``tensors.bin`` (the state tensors:
+priority trees, generator state... as raw arrays) and ``storage/`` (the items: raw
+memory-mapped arrays or Arrow IPC files). Loading reads JSON and raw arrays only; component
+classes are looked up in a registry of known classes, never imported by name.
+
+:class:`~rbdata.ReplayBuffer` exposes this as ``dumps``/``loads``/``load`` and
+``state_dict``/``load_state_dict``.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any, TypeVar
+
+from rbdata.checkpoint._atomic import fsync_dir, live_dir, new_staging, publish
+from rbdata.checkpoint._codec import decode, encode, read_tensors, write_tensors
+from rbdata.checkpoint._storages import (
+    copy_storage,
+    dump_storage,
+    restore_storage,
+    storage_from_state,
+    storage_state,
+)
+from rbdata.errors import CheckpointError
+from rbdata.samplers import (
+    PrioritizedSampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    UniformSampler,
+)
+from rbdata.samplers.base import Sampler
+from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
+from rbdata.storages._files import atomic_write_json, read_meta
+from rbdata.storages.base import Storage
+from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
+from rbdata.writers.base import Writer
+
+__all__ = [
+    "FORMAT_VERSION",
+    "CheckpointError",
+    "Components",
+    "component_class",
+    "copy_storage",
+    "dump",
+    "load",
+    "register",
+    "state_dict",
+    "from_state_dict",
+]
+
+#: the version written to ``checkpoint.json``; loading refuses any other
+FORMAT_VERSION = 1
+_FORMAT = "rbdata.checkpoint"
+_STATE_FORMAT = "rbdata.replay_buffer"
+_META = "checkpoint.json"
+_TENSORS = "tensors.bin"
+_BASES: dict[str, type] = {"storage": Storage, "sampler": Sampler, "writer": Writer}
+_REGISTRY: dict[str, type] = {}
+
+T = TypeVar("T", bound=type)
+
+#: a rebuilt buffer: storage, sampler, writer and batch size
+Components = tuple[Storage, Sampler, Writer, "int | None"]
+
+
+def _name(cls: type) -> str:
+    if cls.__module__.split(".")[0] == "rbdata":
+        return cls.__name__
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def register(cls: T) -> T:
+    """Let checkpoints name and rebuild ``cls`` (a ``Storage``, ``Sampler`` or ``Writer``).
+
+    rbdata's own classes are registered already. A registered class is rebuilt as
+    ``cls(**component.config())`` followed by ``load_state_dict``; override ``config`` if
+    your constructor differs from the parent's. Usable as a class decorator.
+
+    Examples:
+        >>> from rbdata.writers import RoundRobinWriter
+        >>> @register
+        ... class MyWriter(RoundRobinWriter):
+        ...     pass
+        >>> component_class(_name(MyWriter), "writer") is MyWriter
+        True
+    """
+    if not isinstance(cls, type) or not issubclass(cls, tuple(_BASES.values())):
+        raise TypeError(f"cls must be a Storage, Sampler or Writer subclass, got {cls!r}")
+    name = _name(cls)
+    known = _REGISTRY.get(name)
+    if known is not None and known is not cls:
+        raise ValueError(f"another class is registered as {name!r}")
+    _REGISTRY[name] = cls
+    return cls
+
+
+for _cls in (
+    TensorStorage,
+    MemmapStorage,
+    ArrowStorage,
+    ListStorage,
+    UniformSampler,
+    SamplerWithoutReplacement,
+    PrioritizedSampler,
+    SliceSampler,
+    RoundRobinWriter,
+    ImmutableWriter,
+    MaxValueWriter,
+):
+    register(_cls)
+
+
+def component_class(name: Any, kind: str) -> type:
+    """The registered class called ``name`` for component ``kind`` (storage/sampler/writer)."""
+    cls = _REGISTRY.get(name) if isinstance(name, str) else None
+    if cls is None or not issubclass(cls, _BASES[kind]):
+        raise CheckpointError(
+            f"{kind}: unknown class {name!r} (known: {', '.join(sorted(_REGISTRY))}); "
+            "register custom classes with rbdata.checkpoint.register"
+        )
+    return cls
+
+
+def _class_name(obj: Any, kind: str) -> str:
+    cls = type(obj)
+    if _REGISTRY.get(_name(cls)) is not cls:
+        raise TypeError(
+            f"cannot checkpoint the {kind} {cls.__name__}: its class is not registered "
+            "(rbdata.checkpoint.register)"
+        )
+    return _name(cls)
+
+
+def _build(cls: type, config: Any, state: Any, kind: str) -> Any:
+    if not isinstance(config, dict):
+        raise CheckpointError(f"{kind}: the config must be a dict, got {type(config).__name__}")
+    obj = cls(**config)
+    obj.load_state_dict(state)
+    return obj
+
+
+def _wrap(where: str, err: Exception) -> CheckpointError:
+    return CheckpointError(f"{where}: invalid checkpoint ({type(err).__name__}: {err})")
+
+
+_INVALID = (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError)
+
+
+# --- checkpoint directories -----------------------------------------------------------------
+def dump(
+    storage: Storage, sampler: Sampler, writer: Writer, batch_size: int | None, path: Any
+) -> Path:
+    """Write a checkpoint of the components to directory ``path``, atomically.
+
+    Returns the live subdirectory. See :meth:`rbdata.ReplayBuffer.dumps`.
+    """
+    root = Path(path)
+    created = not root.exists()
+    tensors: list[Any] = []
+    parts: dict[str, Any] = {"sampler": sampler, "writer": writer}
+    meta: dict[str, Any] = {"format": _FORMAT, "version": FORMAT_VERSION, "batch_size": batch_size}
+    for kind, obj in parts.items():  # encode first: a bad component fails before any write
+        meta[kind] = {
+            "class": _class_name(obj, kind),
+            "config": encode(obj.config(), tensors, f"{kind} config"),
+            "state": encode(obj.state_dict(), tensors, f"{kind} state"),
+        }
+    name = _class_name(storage, "storage")
+    staging = new_staging(root)
+    try:
+        meta["storage"] = {
+            "class": name,
+            "config": encode(storage.config(), tensors, "storage config"),
+            "state": dump_storage(storage, staging, tensors),
+        }
+        meta["tensors"] = write_tensors(staging / _TENSORS, tensors)
+        atomic_write_json(staging / _META, meta)
+        fsync_dir(staging)
+        return publish(root, staging)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        if created:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+
+
+def load(path: Any) -> Components:
+    """Rebuild the components saved in checkpoint directory ``path`` (lazily for the data).
+
+    Raises:
+        FileNotFoundError: if ``path`` is not a directory.
+        CheckpointError: if the checkpoint is incomplete, tampered with, of another format
+            version, or names an unknown class.
+    """
+    root = Path(path)
+    if not root.is_dir():
+        raise FileNotFoundError(f"no checkpoint directory at {str(root)!r}")
+    live = live_dir(root)
+    try:
+        meta = read_meta(live, _META, _FORMAT, FORMAT_VERSION, "rbdata checkpoint")
+    except (OSError, ValueError) as err:
+        raise CheckpointError(str(err)) from err
+    try:
+        tensors = read_tensors(live / _TENSORS, meta["tensors"])
+        parts: dict[str, Any] = {}
+        for kind in ("storage", "sampler", "writer"):
+            entry = meta[kind]
+            cls = component_class(entry["class"], kind)
+            config = decode(entry["config"], tensors, f"{kind} config")
+            if kind == "storage":
+                parts[kind] = restore_storage(cls, config, entry["state"], live, tensors)
+            else:
+                state = decode(entry["state"], tensors, f"{kind} state")
+                parts[kind] = _build(cls, config, state, kind)
+        batch_size = meta["batch_size"]
+    except CheckpointError:
+        raise
+    except (*_INVALID, OSError) as err:
+        raise _wrap(str(live), err) from err
+    return parts["storage"], parts["sampler"], parts["writer"], batch_size
+
+
+# --- state dicts ---------------------------------------------------------------------------------
+def state_dict(
+    storage: Storage, sampler: Sampler, writer: Writer, batch_size: int | None
+) -> dict[str, Any]:
+    """The components as one dict of tensors and plain values.
+
+    ``torch.load(..., weights_only=True)`` reads it. See :meth:`rbdata.ReplayBuffer.state_dict`.
+    """
+    out: dict[str, Any] = {"format": _STATE_FORMAT, "version": FORMAT_VERSION}
+    out["batch_size"] = batch_size
+    parts: dict[str, Any] = {"storage": storage, "sampler": sampler, "writer": writer}
+    for kind, obj in parts.items():
+        name = _class_name(obj, kind)
+        config = obj.config()
+        encode(config, [], f"{kind} config")  # the same checks as a checkpoint
+        if kind == "storage":
+            state = storage_state(obj)  # encoded already where needed (ListStorage items)
+        else:
+            state = obj.state_dict()
+            encode(state, [], f"{kind} state")
+        out[kind] = {"class": name, "config": config, "state": state}
+    return out
+
+
+def from_state_dict(state: Any) -> Components:
+    """Rebuild the components of a :func:`state_dict`."""
+    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+        raise CheckpointError("state: not a ReplayBuffer state dict")
+    if state.get("version") != FORMAT_VERSION:
+        raise CheckpointError(f"state: version {state.get('version')!r}, expected {FORMAT_VERSION}")
+    try:
+        parts: dict[str, Any] = {}
+        for kind in ("storage", "sampler", "writer"):
+            entry = state[kind]
+            cls = component_class(entry["class"], kind)
+            if kind == "storage":
+                parts[kind] = storage_from_state(cls, entry["config"], entry["state"])
+            else:
+                parts[kind] = _build(cls, entry["config"], entry["state"], kind)
+    except CheckpointError:
+        raise
+    except (*_INVALID, OSError) as err:
+        raise _wrap("state", err) from err
+    return parts["storage"], parts["sampler"], parts["writer"], state["batch_size"]

@@ -1,0 +1,102 @@
+"""Atomic checkpoint directories: write a staging directory, then switch one pointer file.
+
+A checkpoint path holds ``CURRENT`` (a one-line file naming the live subdirectory) and the
+subdirectories themselves. A new checkpoint is written to a fresh ``.tmp-*`` subdirectory,
+fsync'ed, renamed to ``ckpt-*``, and made live by replacing ``CURRENT`` with an atomic file
+rename. At every moment ``CURRENT`` names a complete checkpoint: a process killed midway
+leaves the previous one live, and its leftovers are removed by the next successful write.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import tempfile
+import time
+from pathlib import Path
+
+from rbdata.errors import CheckpointError
+
+__all__ = ["CURRENT", "fsync_dir", "live_dir", "new_staging", "publish"]
+
+CURRENT = "CURRENT"
+_LIVE = "ckpt-"
+_STAGING = ".tmp-"
+_LIVE_NAME = re.compile(r"ckpt-[0-9a-f]{1,40}")
+
+
+def fsync_dir(path: Path) -> None:
+    """Make the entries of directory ``path`` durable."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _ours(name: str) -> bool:
+    return name == CURRENT or name.startswith((_LIVE, _STAGING, f".{CURRENT}."))
+
+
+def new_staging(path: Path) -> Path:
+    """Create ``path`` if needed and a fresh staging subdirectory in it.
+
+    Raises:
+        FileExistsError: if ``path`` is a file, or a directory holding other files than a
+            checkpoint's (nothing of the user's is ever removed).
+    """
+    if path.exists() and not path.is_dir():
+        raise FileExistsError(f"path {str(path)!r} is a file, not a checkpoint directory")
+    path.mkdir(parents=True, exist_ok=True)
+    foreign = sorted(child.name for child in path.iterdir() if not _ours(child.name))
+    if foreign:
+        raise FileExistsError(
+            f"path {str(path)!r} holds files that are not part of an rbdata checkpoint "
+            f"({', '.join(foreign[:3])}{', ...' if len(foreign) > 3 else ''}); choose an "
+            "empty or new directory"
+        )
+    return Path(tempfile.mkdtemp(prefix=_STAGING, dir=path))
+
+
+def publish(path: Path, staging: Path) -> Path:
+    """Make the complete, fsync'ed ``staging`` directory the live checkpoint of ``path``.
+
+    Returns the live directory. Older checkpoints and leftover staging directories are
+    removed afterwards.
+    """
+    name = f"{_LIVE}{time.time_ns():x}{os.getpid():x}"
+    live = path / name
+    os.rename(staging, live)
+    fsync_dir(path)
+    pointer = path / f".{CURRENT}.{os.getpid():x}"
+    with open(pointer, "w", encoding="utf-8") as f:
+        f.write(name + "\n")
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(pointer, path / CURRENT)  # the single atomic switch
+    fsync_dir(path)
+    for child in path.iterdir():
+        if child.name not in (CURRENT, name) and _ours(child.name):
+            if child.is_dir():
+                shutil.rmtree(child, ignore_errors=True)
+            else:
+                child.unlink(missing_ok=True)
+    return live
+
+
+def live_dir(path: Path) -> Path:
+    """The live checkpoint directory of ``path`` (named by its ``CURRENT`` file)."""
+    pointer = path / CURRENT
+    if not pointer.is_file():
+        raise CheckpointError(f"{str(path)!r} is not an rbdata checkpoint: no {CURRENT} file")
+    try:
+        name = pointer.read_text(encoding="utf-8").strip()
+    except UnicodeDecodeError as err:
+        raise CheckpointError(f"{pointer}: corrupt ({err})") from err
+    if not _LIVE_NAME.fullmatch(name):
+        raise CheckpointError(f"{pointer}: names {name[:80]!r}, not a checkpoint subdirectory")
+    live = path / name
+    if not live.is_dir():
+        raise CheckpointError(f"{pointer}: names {name!r}, which is missing")
+    return live

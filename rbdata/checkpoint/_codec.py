@@ -1,0 +1,189 @@
+"""Pickle-free encoding of component states: JSON values plus a list of raw tensors.
+
+:func:`encode` turns a nested state (dicts, lists, tuples, numbers, strings, ``None``,
+tensors, arrays, TensorDicts, dtypes, devices) into a JSON-able value in which every tensor
+is replaced by a reference ``{"$rb": "tensor", "i": k}`` into a list of tensors;
+:func:`decode` does the reverse and checks everything it reads. :func:`write_tensors` stores
+the tensors as one raw file with a JSON table (dtype, shape, byte offset);
+:func:`read_tensors` checks the table against the file before viewing it. Nothing here can
+run code when reading.
+"""
+
+from __future__ import annotations
+
+import numbers
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from rbdata.errors import CheckpointError
+
+__all__ = ["MARK", "decode", "dtype_from_name", "encode", "read_tensors", "write_tensors"]
+
+#: the key that marks a non-JSON value in an encoded state
+MARK = "$rb"
+_ALIGN = 64
+
+
+def dtype_from_name(name: Any) -> torch.dtype:
+    """The torch dtype called ``name`` (e.g. ``"float32"``); ``CheckpointError`` otherwise."""
+    dtype = getattr(torch, str(name), None) if isinstance(name, str) else None
+    if not isinstance(dtype, torch.dtype):
+        raise CheckpointError(f"unknown dtype {name!r}")
+    return dtype
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+def encode(obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
+    """Encode ``obj`` as JSON, appending its tensors to ``tensors``.
+
+    Args:
+        obj: the value to encode.
+        tensors: the list that receives the tensors (referenced by position).
+        where: a name for ``obj`` in error messages (e.g. ``"sampler state"``).
+
+    Raises:
+        TypeError: for a value with no pickle-free encoding; the message names its type and
+            where it was found.
+
+    Examples:
+        >>> tensors = []
+        >>> encode({"pos": 3, "perm": torch.arange(4)}, tensors, "state")
+        {'pos': 3, 'perm': {'$rb': 'tensor', 'i': 0}}
+        >>> decode(_, tensors, "state")["perm"].tolist()
+        [0, 1, 2, 3]
+    """
+    if obj is None or isinstance(obj, (bool, str)):
+        return obj
+    if isinstance(obj, numbers.Integral):
+        return int(obj)
+    if isinstance(obj, numbers.Real):
+        return float(obj)
+    if isinstance(obj, np.ndarray):
+        obj = torch.from_numpy(obj)
+    if isinstance(obj, torch.Tensor):
+        tensors.append(obj.detach())
+        return {MARK: "tensor", "i": len(tensors) - 1}
+    if isinstance(obj, torch.dtype):
+        return {MARK: "dtype", "name": _dtype_name(obj)}
+    if isinstance(obj, torch.device):
+        return {MARK: "device", "name": str(obj)}
+    if isinstance(obj, TensorDictBase):
+        entries = {key: encode(value, tensors, f"{where}[{key!r}]") for key, value in obj.items()}
+        return {MARK: "tensordict", "batch_size": list(obj.batch_size), "entries": entries}
+    if isinstance(obj, (list, tuple)):
+        items = [encode(value, tensors, f"{where}[{i}]") for i, value in enumerate(obj)]
+        return items if isinstance(obj, list) else {MARK: "tuple", "items": items}
+    if isinstance(obj, dict):
+        out = {}
+        for key, value in obj.items():
+            if not isinstance(key, str) or key == MARK:
+                raise TypeError(f"{where}: a checkpoint needs string keys, got the key {key!r}")
+            out[key] = encode(value, tensors, f"{where}[{key!r}]")
+        return out
+    raise TypeError(
+        f"{where}: cannot store a {type(obj).__qualname__} in a checkpoint without pickle "
+        "(supported: tensors, arrays, TensorDicts, numbers, strings, None, and lists, tuples "
+        "and str-keyed dicts of these)"
+    )
+
+
+def decode(obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
+    """Rebuild a value written by :func:`encode`; ``CheckpointError`` on anything malformed."""
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, list):
+        return [decode(value, tensors, where) for value in obj]
+    if not isinstance(obj, dict):
+        raise CheckpointError(f"{where}: unexpected JSON value {obj!r}")
+    kind = obj.get(MARK)
+    if kind is None:
+        return {key: decode(value, tensors, where) for key, value in obj.items()}
+    try:
+        if kind == "tensor":
+            i = obj["i"]
+            if not isinstance(i, int) or not 0 <= i < len(tensors):
+                raise CheckpointError(f"{where}: tensor reference {i!r} out of range")
+            return tensors[i]
+        if kind == "tuple":
+            return tuple(decode(obj["items"], tensors, where))
+        if kind == "dtype":
+            return dtype_from_name(obj["name"])
+        if kind == "device":
+            return torch.device(str(obj["name"]))
+        if kind == "tensordict":
+            entries = decode(obj["entries"], tensors, where)
+            return TensorDict(entries, batch_size=[int(s) for s in obj["batch_size"]])
+    except (KeyError, TypeError, RuntimeError) as err:
+        raise CheckpointError(f"{where}: malformed {kind!r} entry ({err})") from err
+    raise CheckpointError(f"{where}: unknown entry kind {kind!r}")
+
+
+def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    t = t.detach().cpu().contiguous().reshape(-1)
+    if t.dtype.is_complex:
+        t = torch.view_as_real(t).reshape(-1)
+    return t.view(torch.uint8).numpy()
+
+
+def write_tensors(file: Path, tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
+    """Write ``tensors`` back to back (64-byte aligned) to ``file``, fsync it; return the table."""
+    table = []
+    offset = 0
+    with open(file, "wb") as f:
+        for t in tensors:
+            raw = _raw_bytes(t)
+            pad = -offset % _ALIGN
+            if pad:
+                f.write(b"\0" * pad)
+                offset += pad
+            f.write(raw.data)
+            table.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset})
+            offset += raw.nbytes
+        f.flush()
+        os.fsync(f.fileno())
+    return table
+
+
+def read_tensors(file: Path, table: Any) -> list[torch.Tensor]:
+    """Read the tensors of ``file`` described by ``table``; every entry is checked first."""
+    if not isinstance(table, list):
+        raise CheckpointError(f"{file}: the tensor table is not a list")
+    size = file.stat().st_size if file.is_file() else -1
+    if size < 0:
+        raise CheckpointError(f"{file}: missing")
+    blob = (
+        torch.from_numpy(np.fromfile(file, dtype=np.uint8))
+        if size
+        else torch.empty(0, dtype=torch.uint8)
+    )
+    tensors = []
+    for k, entry in enumerate(table):
+        try:
+            dtype = dtype_from_name(entry["dtype"])
+            shape = [int(s) for s in entry["shape"]]
+            offset = int(entry["offset"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"{file}: tensor {k}: malformed table entry ({err})") from err
+        numel = int(np.prod(shape)) if shape else 1
+        nbytes = numel * dtype.itemsize
+        if min(shape, default=0) < 0 or offset < 0 or offset % _ALIGN or offset + nbytes > size:
+            raise CheckpointError(
+                f"{file}: tensor {k} ({entry['dtype']} {shape} at byte {offset}) does not fit "
+                f"the {size}-byte file; truncated or corrupt"
+            )
+        raw = blob[offset : offset + nbytes]
+        if dtype.is_complex:
+            real = torch.empty(0, dtype=dtype).real.dtype
+            t = torch.view_as_complex(raw.view(real).view(-1, 2))
+        else:
+            t = raw.view(dtype)
+        tensors.append(t.view(shape))
+    return tensors

@@ -1,0 +1,273 @@
+"""How each kind of storage is saved, restored and copied by checkpoints.
+
+- Tensor storages (:class:`TensorStorage` on any device, :class:`MemmapStorage`) are saved
+  as a :class:`MemmapStorage` directory: one raw file per leaf, written as whole arrays.
+  Restoring maps the files copy-on-write (lazy; writes never reach the checkpoint); a CUDA
+  storage is copied to its device.
+- :class:`ArrowStorage` is flushed and its Arrow IPC files are copied; restoring copies them to
+  a new directory of its own (in-place writes would otherwise change the checkpoint).
+- :class:`ListStorage` items go through the pickle-free codec (tensors, numbers, strings...).
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata._layout import Layout
+from rbdata.checkpoint._atomic import fsync_dir
+from rbdata.checkpoint._codec import decode, encode
+from rbdata.errors import CheckpointError
+from rbdata.storages._files import remove_with
+from rbdata.storages.arrow import ArrowStorage
+from rbdata.storages.base import Storage
+from rbdata.storages.convert import _block
+from rbdata.storages.list import ListStorage
+from rbdata.storages.memmap import MemmapStorage, write_directory
+from rbdata.storages.tensor import TensorStorage
+
+__all__ = ["copy_storage", "dump_storage", "restore_storage", "storage_from_state", "storage_state"]
+
+_DIR = "storage"
+
+
+def _check_supported(storage: Storage) -> None:
+    if not isinstance(storage, (TensorStorage, ArrowStorage, ListStorage)):
+        raise TypeError(
+            f"cannot checkpoint a {type(storage).__name__}: checkpoints know TensorStorage, "
+            "MemmapStorage, ArrowStorage and ListStorage (and their subclasses)"
+        )
+
+
+# --- ListStorage ---------------------------------------------------------------------------
+def _list_state(storage: ListStorage, tensors: list[torch.Tensor]) -> dict[str, Any]:
+    n = len(storage)
+    items = storage._items[:n]
+    layout = storage.layout
+    state: dict[str, Any] = {"length": n, "next": storage.next_slot, "objects": storage._objects}
+    if layout is None:
+        state["items"] = encode(items, tensors, "ListStorage items")
+        return state
+    # rows of tensors: one stacked tensor per leaf over the written slots
+    present = [i for i, row in enumerate(items) if row is not None]
+    leaves = [
+        torch.stack([items[i][k] for i in present])
+        if present
+        else torch.empty((0, *leaf.shape), dtype=leaf.dtype)
+        for k, leaf in enumerate(layout.leaves)
+    ]
+    state["layout"] = layout.to_json()
+    state["present"] = encode(torch.tensor(present, dtype=torch.long), tensors, "")
+    state["leaves"] = encode(leaves, tensors, "")
+    return state
+
+
+def _restore_list(cls: type[ListStorage], config: dict[str, Any], state: Any, tensors: list) -> Any:
+    storage = cls(**config)
+    n, nxt = int(state["length"]), int(state["next"])
+    if not 0 <= n <= storage.capacity or not 0 <= nxt < storage.capacity:
+        raise CheckpointError(f"ListStorage: length {n} / next slot {nxt} out of range")
+    items: list[Any] = []
+    if "layout" in state:
+        layout = Layout.from_json(state["layout"])
+        present = decode(state["present"], tensors, "ListStorage").tolist()
+        leaves = decode(state["leaves"], tensors, "ListStorage")
+        if len(leaves) != len(layout.leaves) or any(i < 0 or i >= n for i in present):
+            raise CheckpointError("ListStorage: the rows do not match the layout and length")
+        items = [None] * n
+        for j, i in enumerate(present):
+            items[i] = [leaf[j] for leaf in leaves]
+        storage._layout = layout
+    else:
+        items = list(decode(state["items"], tensors, "ListStorage items"))
+        if len(items) != n:
+            raise CheckpointError(f"ListStorage: {len(items)} items for a length of {n}")
+    storage._objects = bool(state["objects"])
+    if n:
+        storage._items = items + [None] * (storage.capacity - n)
+    storage._length, storage._next = n, nxt
+    return storage
+
+
+# --- files: dump and restore -------------------------------------------------------------
+def _copy_synced(src: Path, dst: Path) -> None:
+    shutil.copyfile(src, dst)
+    fd = os.open(dst, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def dump_storage(storage: Storage, root: Path, tensors: list[torch.Tensor]) -> dict[str, Any]:
+    """Write ``storage``'s data under checkpoint directory ``root``; return its JSON state."""
+    _check_supported(storage)
+    if isinstance(storage, ListStorage):
+        return _list_state(storage, tensors)
+    out = root / _DIR
+    if isinstance(storage, ArrowStorage):
+        storage.flush()
+        out.mkdir()
+        for file in sorted(storage.path.iterdir()):
+            if file.name.startswith("chunk-") or file.name == "_rbdata.json":
+                _copy_synced(file, out / file.name)
+        fsync_dir(out)
+        return {"dir": _DIR}
+    assert isinstance(storage, TensorStorage)
+    write_directory(storage, out)
+    fsync_dir(out)
+    return {"dir": _DIR}
+
+
+def _arrow_copy(cls: type[ArrowStorage], fill: Callable[[Path], None]) -> ArrowStorage:
+    """Open an ArrowStorage in a new temporary directory of its own, filled by ``fill``."""
+    own = Path(tempfile.mkdtemp(prefix="rbdata-arrow-"))
+    try:
+        fill(own)
+        arrow = cls.open(own)
+    except BaseException:
+        shutil.rmtree(own, ignore_errors=True)
+        raise
+    arrow._finalizer = remove_with(arrow, own)
+    return arrow
+
+
+def _check_config(storage: Storage, config: dict[str, Any]) -> None:
+    for key, value in storage.config().items():
+        if key in config and config[key] != value and key != "device":
+            raise CheckpointError(
+                f"{type(storage).__name__}: the data has {key}={value!r}, the metadata says "
+                f"{config[key]!r}"
+            )
+
+
+def restore_storage(
+    cls: type[Storage], config: dict[str, Any], state: Any, root: Path, tensors: list
+) -> Storage:
+    """Rebuild a storage saved by :func:`dump_storage` under ``root``."""
+    if issubclass(cls, ListStorage):
+        return _restore_list(cls, config, state, tensors)
+    if not isinstance(state, dict) or state.get("dir") != _DIR:
+        raise CheckpointError(f"{cls.__name__}: the state must name its directory {_DIR!r}")
+    src = root / _DIR
+    if issubclass(cls, ArrowStorage):
+
+        def copy(own: Path) -> None:
+            for file in sorted(src.iterdir()):
+                shutil.copyfile(file, own / file.name)
+
+        storage: Storage = _arrow_copy(cls, copy)
+    elif issubclass(cls, MemmapStorage):
+        storage = cls.open(src, copy_on_write=True)
+    elif issubclass(cls, TensorStorage):
+        mapped = MemmapStorage.open(src, copy_on_write=True)
+        storage = cls(**config)
+        _check_config(mapped, {"max_size": storage.capacity})
+        layout = mapped.layout
+        if layout is not None:
+            buffers = [b.to(storage.device) for b in mapped.buffers]
+            storage._set_buffers(buffers, layout)
+            storage._layout = layout
+        storage._length, storage._next = len(mapped), mapped.next_slot
+    else:
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+    _check_config(storage, config)
+    return storage
+
+
+# --- state dicts (small buffers, torch.save) -----------------------------------------------
+def storage_state(storage: Storage) -> dict[str, Any]:
+    """The state of ``storage`` as tensors and plain values (``weights_only``-loadable)."""
+    _check_supported(storage)
+    if isinstance(storage, ListStorage):
+        tensors: list[torch.Tensor] = []
+        return {"json": _list_state(storage, tensors), "tensors": tensors}
+    if isinstance(storage, ArrowStorage):
+        storage.flush()
+        files = {
+            file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8))
+            for file in sorted(storage.path.iterdir())
+            if file.name.startswith("chunk-") or file.name == "_rbdata.json"
+        }
+        return {"files": files}
+    assert isinstance(storage, TensorStorage)
+    n, layout = len(storage), storage.layout
+    return {
+        "length": n,
+        "next": storage.next_slot,
+        "layout": None if layout is None else layout.to_json(),
+        "buffers": [b[:n].detach().cpu().clone() for b in storage.buffers],
+    }
+
+
+def storage_from_state(cls: type[Storage], config: dict[str, Any], state: Any) -> Storage:
+    """Rebuild a storage from :func:`storage_state` (in memory or a temporary directory)."""
+    if issubclass(cls, ListStorage):
+        return _restore_list(cls, config, state["json"], list(state["tensors"]))
+    if issubclass(cls, ArrowStorage):
+
+        def write(own: Path) -> None:
+            for name, data in state["files"].items():
+                if not isinstance(name, str) or "/" in name or name.startswith("."):
+                    raise CheckpointError(f"ArrowStorage: bad file name {name!r}")
+                data.numpy().tofile(own / name)
+
+        storage: Storage = _arrow_copy(cls, write)
+        _check_config(storage, config)
+        return storage
+    storage = cls(**config)
+    assert isinstance(storage, TensorStorage)
+    n, nxt = int(state["length"]), int(state["next"])
+    if not 0 <= n <= storage.capacity or not 0 <= nxt < storage.capacity:
+        raise CheckpointError(f"{cls.__name__}: length {n} / next slot {nxt} out of range")
+    if state["layout"] is not None:
+        layout = Layout.from_json(state["layout"])
+        storage._allocate(layout)
+        storage._layout = layout
+        for buf, data, leaf in zip(storage.buffers, state["buffers"], layout.leaves, strict=True):
+            if tuple(data.shape) != (n, *leaf.shape) or data.dtype != leaf.dtype:
+                raise CheckpointError(
+                    f"{cls.__name__}: key {leaf.name}: {data.dtype} {tuple(data.shape)}, "
+                    f"expected {leaf.dtype} {(n, *leaf.shape)}"
+                )
+            buf[:n].copy_(data)
+    storage._set_length(n)
+    storage._set_next(nxt)
+    return storage
+
+
+# --- copying into an existing storage --------------------------------------------------------
+def copy_storage(src: Storage, dst: Storage) -> None:
+    """Make ``dst`` (same class and capacity) hold exactly what ``src`` holds, slot by slot."""
+    if dst.layout is not None and src.layout is not None and dst.layout != src.layout:
+        raise ValueError(
+            f"storage: the checkpoint's layout {src.layout} differs from this buffer's {dst.layout}"
+        )
+    n = len(src)
+    if isinstance(src, ListStorage) and isinstance(dst, ListStorage):
+        dst.clear()
+        dst._items, dst._objects, dst._layout = list(src._items), src._objects, src._layout
+    elif isinstance(src, TensorStorage) and isinstance(dst, TensorStorage):
+        if src.layout is not None:
+            if dst.layout is None:
+                dst._allocate(src.layout)
+                dst._layout = src.layout
+            for d, s in zip(dst.buffers, src.buffers, strict=True):
+                d[:n].copy_(s[:n])
+    else:
+        dst.clear()
+        layout = src.layout
+        step = getattr(src, "chunk_size", 1 << 16)
+        for start in range(0, n, step):
+            assert layout is not None
+            stop = min(start + step, n)
+            dst.set(slice(start, stop), _block(layout, src.__getitems__(torch.arange(start, stop))))
+    dst._set_length(n)
+    dst._set_next(src.next_slot)
