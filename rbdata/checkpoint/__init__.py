@@ -136,11 +136,15 @@ def _class_name(obj: Any, kind: str) -> str:
     return _name(cls)
 
 
-def _build(cls: type, config: Any, state: Any, kind: str) -> Any:
+def _build(cls: type, config: Any, state: Any, kind: str, storage: Storage) -> Any:
     if not isinstance(config, dict):
         raise CheckpointError(f"{kind}: the config must be a dict, got {type(config).__name__}")
-    obj = cls(**config)
+    # a sampler is bound before its state is loaded: the state is checked against the data
+    obj = cls(**config, data_source=storage) if kind == "sampler" else cls(**config)
     obj.load_state_dict(state)
+    cursor = getattr(obj, "cursor", None)
+    if cursor is not None and not 0 <= cursor < storage.capacity:
+        raise CheckpointError(f"{kind}: cursor {cursor} outside [0, {storage.capacity})")
     return obj
 
 
@@ -216,7 +220,7 @@ def load(path: Any) -> Components:
                 parts[kind] = restore_storage(cls, config, entry["state"], live, tensors)
             else:
                 state = decode(entry["state"], tensors, f"{kind} state")
-                parts[kind] = _build(cls, config, state, kind)
+                parts[kind] = _build(cls, config, state, kind, parts["storage"])
         batch_size = meta["batch_size"]
     except CheckpointError:
         raise
@@ -263,7 +267,7 @@ def from_state_dict(state: Any) -> Components:
             if kind == "storage":
                 parts[kind] = storage_from_state(cls, entry["config"], entry["state"])
             else:
-                parts[kind] = _build(cls, entry["config"], entry["state"], kind)
+                parts[kind] = _build(cls, entry["config"], entry["state"], kind, parts["storage"])
     except CheckpointError:
         raise
     except (*_INVALID, OSError) as err:

@@ -343,7 +343,19 @@ class PrioritizedSampler(Sampler):
                 f"capacity: the state is for {state['capacity']} slots, this sampler has "
                 f"{self.capacity}"
             )
-        super().load_state_dict(state)
-        self._sum.copy_(state["sum_tree"])
-        self._min.copy_(state["min_tree"])
-        self._max_priority = float(state["max_priority"])
+        trees = []
+        for name, own in (("sum_tree", self._sum), ("min_tree", self._min)):
+            tree = torch.as_tensor(state[name])
+            if tree.shape != own.shape or not tree.is_floating_point():
+                raise ValueError(
+                    f"state: {name} is {tree.dtype} {tuple(tree.shape)}, expected a float "
+                    f"tree of shape {tuple(own.shape)}"
+                )
+            trees.append(tree)
+        if bool(torch.isnan(trees[0]).any()) or bool((trees[0] < 0).any()):
+            raise ValueError("state: sum_tree holds NaN or negative priorities")
+        max_priority = float(state["max_priority"])
+        super().load_state_dict(state)  # the generator: checked by torch before any change
+        self._sum.copy_(trees[0])
+        self._min.copy_(trees[1])
+        self._max_priority = max_priority

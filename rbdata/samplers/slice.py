@@ -261,9 +261,15 @@ class SliceSampler(Sampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`."""
+        time = int(state["time"])
+        base = None if state["base"] is None else int(state["base"])
+        ends = np.asarray(state["ends"], dtype=np.int64).copy()
+        lowest = time - (self._capacity if self.data_source is not None else time)
+        if ends.ndim != 1 or (ends.size and (ends[0] < lowest - 1 or ends[-1] >= time)):
+            raise ValueError(f"state: episode ends outside the steps [{lowest}, {time})")
+        if (np.diff(ends) <= 0).any() or (base is not None and base < 0):
+            raise ValueError("state: episode ends not increasing, or a negative base slot")
         super().load_state_dict(state)
-        self._time = int(state["time"])
-        self._base = None if state["base"] is None else int(state["base"])
-        self._ends = np.asarray(state["ends"], dtype=np.int64).copy()
+        self._time, self._base, self._ends = time, base, ends
         self._last_traj = state["last_traj"]
         self._cache = None

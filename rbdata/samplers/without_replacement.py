@@ -99,6 +99,15 @@ class SamplerWithoutReplacement(Sampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore generator, permutation and position."""
+        perm, pos = state["perm"], int(state["pos"])
+        if perm is not None:
+            perm = torch.as_tensor(perm)
+            m = perm.numel()
+            bound = self.data_source is not None and m > len(self.data_source)
+            if perm.dim() != 1 or perm.dtype != torch.long or bound:
+                raise ValueError(f"state: perm must be a 1-D LongTensor, got {perm.dtype} {m}")
+            if not torch.equal(perm.sort().values, torch.arange(m)) or not 0 <= pos <= m:
+                raise ValueError("state: perm is not a permutation, or pos is out of range")
         super().load_state_dict(state)
-        self._perm = state["perm"]
-        self._pos = int(state["pos"])
+        self._perm = perm
+        self._pos = pos
