@@ -36,6 +36,7 @@ bench: venv
 	$(PY) tests/benchmarks/bench_foundation.py
 	$(PY) tests/benchmarks/bench_samplers.py
 	$(PY) tests/benchmarks/bench_arrow.py
+	$(PY) tests/benchmarks/bench_checkpoint.py
 
 docs: venv
 	$(PY) -m sphinx -W -b html docs docs/_build/html

@@ -179,7 +179,7 @@ class ReplayBuffer:
             )
         return self.storage, self.sampler, self.writer, self.batch_size
 
-    def dumps(self, path: str | os.PathLike[str]) -> None:
+    def dumps(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
         """Write the whole buffer to directory ``path``, atomically and without pickle.
 
         The storage's items (raw memory-mapped arrays, or Arrow IPC files), the sampler's
@@ -188,13 +188,20 @@ class ReplayBuffer:
         live until the new one is complete, then is replaced in one atomic step: a process
         killed at any moment leaves one complete checkpoint. See ``docs/checkpoints.md``.
 
+        Args:
+            path: the checkpoint directory (created if needed).
+            fsync: fsync every file and directory before the switch (default), so the
+                checkpoint also survives a power loss. ``False`` saves the disk writeback
+                time (about 1.5x a plain copy of the data for 1M transitions) and keeps
+                the guarantee for a killed process, not for a machine that loses power.
+
         Raises:
             TypeError: if a component cannot be saved without pickle (e.g. a
                 :class:`~rbdata.storages.ListStorage` item of another type); nothing is
                 written then.
             FileExistsError: if ``path`` holds files that are not a checkpoint's.
         """
-        checkpoint.dump(*self._components(), path)
+        checkpoint.dump(*self._components(), path, fsync=fsync)
 
     @classmethod
     def loads(

@@ -157,7 +157,12 @@ _INVALID = (KeyError, TypeError, ValueError, RuntimeError, IndexError, Attribute
 
 # --- checkpoint directories -----------------------------------------------------------------
 def dump(
-    storage: Storage, sampler: Sampler, writer: Writer, batch_size: int | None, path: Any
+    storage: Storage,
+    sampler: Sampler,
+    writer: Writer,
+    batch_size: int | None,
+    path: Any,
+    fsync: bool = True,
 ) -> Path:
     """Write a checkpoint of the components to directory ``path``, atomically.
 
@@ -180,12 +185,12 @@ def dump(
         meta["storage"] = {
             "class": name,
             "config": encode(storage.config(), tensors, "storage config"),
-            "state": dump_storage(storage, staging, tensors),
+            "state": dump_storage(storage, staging, tensors, fsync),
         }
-        meta["tensors"] = write_tensors(staging / _TENSORS, tensors)
-        atomic_write_json(staging / _META, meta)
-        fsync_dir(staging)
-        return publish(root, staging)
+        meta["tensors"] = write_tensors(staging / _TENSORS, tensors, fsync)
+        atomic_write_json(staging / _META, meta, fsync)
+        fsync_dir(staging, fsync)
+        return publish(root, staging, fsync)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if created:

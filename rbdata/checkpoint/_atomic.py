@@ -26,8 +26,10 @@ _STAGING = ".tmp-"
 _LIVE_NAME = re.compile(r"ckpt-[0-9a-f]{1,40}")
 
 
-def fsync_dir(path: Path) -> None:
-    """Make the entries of directory ``path`` durable."""
+def fsync_dir(path: Path, fsync: bool = True) -> None:
+    """Make the entries of directory ``path`` durable (nothing if not ``fsync``)."""
+    if not fsync:
+        return
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
@@ -59,23 +61,25 @@ def new_staging(path: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=_STAGING, dir=path))
 
 
-def publish(path: Path, staging: Path) -> Path:
-    """Make the complete, fsync'ed ``staging`` directory the live checkpoint of ``path``.
+def publish(path: Path, staging: Path, fsync: bool = True) -> Path:
+    """Make the complete ``staging`` directory the live checkpoint of ``path``.
 
     Returns the live directory. Older checkpoints and leftover staging directories are
-    removed afterwards.
+    removed afterwards. ``fsync=False`` skips the fsyncs (safe if the process dies, not if
+    the machine loses power).
     """
     name = f"{_LIVE}{time.time_ns():x}{os.getpid():x}"
     live = path / name
     os.rename(staging, live)
-    fsync_dir(path)
+    fsync_dir(path, fsync)
     pointer = path / f".{CURRENT}.{os.getpid():x}"
     with open(pointer, "w", encoding="utf-8") as f:
         f.write(name + "\n")
-        f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     os.replace(pointer, path / CURRENT)  # the single atomic switch
-    fsync_dir(path)
+    fsync_dir(path, fsync)
     for child in path.iterdir():
         if child.name not in (CURRENT, name) and _ours(child.name):
             if child.is_dir():

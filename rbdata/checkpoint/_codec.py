@@ -133,8 +133,10 @@ def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy()
 
 
-def write_tensors(file: Path, tensors: list[torch.Tensor]) -> list[dict[str, Any]]:
-    """Write ``tensors`` back to back (64-byte aligned) to ``file``, fsync it; return the table."""
+def write_tensors(
+    file: Path, tensors: list[torch.Tensor], fsync: bool = True
+) -> list[dict[str, Any]]:
+    """Write ``tensors`` back to back (64-byte aligned) to ``file``; return the table."""
     table = []
     offset = 0
     with open(file, "wb") as f:
@@ -147,8 +149,9 @@ def write_tensors(file: Path, tensors: list[torch.Tensor]) -> list[dict[str, Any
             f.write(raw.data)
             table.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset})
             offset += raw.nbytes
-        f.flush()
-        os.fsync(f.fileno())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
     return table
 
 

@@ -97,8 +97,10 @@ def _restore_list(cls: type[ListStorage], config: dict[str, Any], state: Any, te
 
 
 # --- files: dump and restore -------------------------------------------------------------
-def _copy_synced(src: Path, dst: Path) -> None:
+def _copy_file(src: Path, dst: Path, fsync: bool) -> None:
     shutil.copyfile(src, dst)
+    if not fsync:
+        return
     fd = os.open(dst, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -106,7 +108,9 @@ def _copy_synced(src: Path, dst: Path) -> None:
         os.close(fd)
 
 
-def dump_storage(storage: Storage, root: Path, tensors: list[torch.Tensor]) -> dict[str, Any]:
+def dump_storage(
+    storage: Storage, root: Path, tensors: list[torch.Tensor], fsync: bool = True
+) -> dict[str, Any]:
     """Write ``storage``'s data under checkpoint directory ``root``; return its JSON state."""
     _check_supported(storage)
     if isinstance(storage, ListStorage):
@@ -117,12 +121,12 @@ def dump_storage(storage: Storage, root: Path, tensors: list[torch.Tensor]) -> d
         out.mkdir()
         for file in sorted(storage.path.iterdir()):
             if file.name.startswith("chunk-") or file.name == "_rbdata.json":
-                _copy_synced(file, out / file.name)
-        fsync_dir(out)
+                _copy_file(file, out / file.name, fsync)
+        fsync_dir(out, fsync)
         return {"dir": _DIR}
     assert isinstance(storage, TensorStorage)
-    write_directory(storage, out)
-    fsync_dir(out)
+    write_directory(storage, out, fsync)
+    fsync_dir(out, fsync)
     return {"dir": _DIR}
 
 
