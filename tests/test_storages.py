@@ -81,3 +81,13 @@ def test_default_collate_still_stacks_lists_of_tensors() -> None:
     torch.testing.assert_close(default_collate(rows), torch.stack(rows))
     gathered = torch.arange(6.0).view(3, 2)
     assert default_collate(gathered) is gathered  # a gathered batch passes through
+
+
+def test_list_storage_batch_of_mixed_objects_comes_back_as_a_list() -> None:
+    # default_collate raises KeyError (dicts with other keys) or ValueError (a number beside
+    # a tensor) for these; the storage then returns the items as they are
+    storage = ListStorage(4)
+    storage.set([0, 1, 2, 3], [{"a": 1}, {"b": 2}, 3.25, torch.arange(3)])
+    assert storage[[0, 1]] == [{"a": 1}, {"b": 2}]
+    number, tensor = storage[[2, 3]]
+    assert number == 3.25 and torch.equal(tensor, torch.arange(3))

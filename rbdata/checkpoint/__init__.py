@@ -152,7 +152,16 @@ def _wrap(where: str, err: Exception) -> CheckpointError:
     return CheckpointError(f"{where}: invalid checkpoint ({type(err).__name__}: {err})")
 
 
-_INVALID = (KeyError, TypeError, ValueError, RuntimeError, IndexError, AttributeError)
+# AssertionError: torch's "not compiled with CUDA" for a CUDA component on a CPU-only machine
+_INVALID = (
+    KeyError,
+    TypeError,
+    ValueError,
+    RuntimeError,
+    IndexError,
+    AttributeError,
+    AssertionError,
+)
 
 
 # --- checkpoint directories -----------------------------------------------------------------
@@ -190,10 +199,15 @@ def dump(
         meta["tensors"] = write_tensors(staging / _TENSORS, tensors, fsync)
         atomic_write_json(staging / _META, meta, fsync)
         fsync_dir(staging, fsync)
-        return publish(root, staging, fsync)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         if created:
+            shutil.rmtree(root, ignore_errors=True)
+        raise
+    try:
+        return publish(root, staging, fsync)
+    except BaseException:
+        if created and not (root / "CURRENT").exists():
             shutil.rmtree(root, ignore_errors=True)
         raise
 

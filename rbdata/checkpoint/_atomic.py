@@ -70,15 +70,22 @@ def publish(path: Path, staging: Path, fsync: bool = True) -> Path:
     """
     name = f"{_LIVE}{time.time_ns():x}{os.getpid():x}"
     live = path / name
-    os.rename(staging, live)
-    fsync_dir(path, fsync)
     pointer = path / f".{CURRENT}.{os.getpid():x}"
-    with open(pointer, "w", encoding="utf-8") as f:
-        f.write(name + "\n")
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(pointer, path / CURRENT)  # the single atomic switch
+    try:
+        os.rename(staging, live)
+        fsync_dir(path, fsync)
+        with open(pointer, "w", encoding="utf-8") as f:
+            f.write(name + "\n")
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(pointer, path / CURRENT)  # the single atomic switch
+    except BaseException:  # the previous checkpoint is still live: drop the new one
+        for leftover in (staging, live):
+            shutil.rmtree(leftover, ignore_errors=True)
+        pointer.unlink(missing_ok=True)
+        raise
+    # from here the new checkpoint is live; an error below says it may not be durable yet
     fsync_dir(path, fsync)
     for child in path.iterdir():
         if child.name not in (CURRENT, name) and _ours(child.name):

@@ -127,6 +127,8 @@ class Sampler(TorchSampler[int]):
     def __init__(self, data_source: Sized | None, generator: torch.Generator | None) -> None:
         self.data_source = data_source
         self.generator = default_generator() if generator is None else generator
+        # set by load_state_dict: the state is authoritative, attach must not re-derive it
+        self._restored = False
 
     def _length(self) -> int:
         source = self.data_source
@@ -191,6 +193,7 @@ class Sampler(TorchSampler[int]):
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict`."""
         self.generator.set_state(state["generator"])
+        self._restored = True
 
 
 class BatchSampler(TorchSampler[list[int]]):

@@ -266,10 +266,13 @@ class PrioritizedSampler(Sampler):
         self.update_priority(index, p)
 
     def attach(self, storage: Sized) -> None:
-        """Bind to a storage; items already in it get the default priority."""
+        """Bind to a storage; items already in it get the default priority.
+
+        A sampler whose state was loaded (:meth:`load_state_dict`) keeps its priorities.
+        """
         super().attach(storage)
         n = len(storage)
-        if n and float(self._sum[_sumtree.ROOT]) == 0:
+        if n and not self._restored and float(self._sum[_sumtree.ROOT]) == 0:
             self.on_write(torch.arange(n), None)
 
     def reset(self) -> None:

@@ -177,10 +177,13 @@ class SliceSampler(Sampler):
         self._cache = None
 
     def attach(self, storage: Sized) -> None:
-        """Bind to a storage and index the episodes already in it (one read of one column)."""
+        """Bind to a storage and index the episodes already in it (one read of one column).
+
+        A sampler whose state was loaded (:meth:`load_state_dict`) keeps that index.
+        """
         super().attach(storage)
         n = len(storage)
-        if n == 0:
+        if n == 0 or self._restored:
             return
         capacity = self._capacity
         base = int(getattr(storage, "next_slot", 0)) if n == capacity else 0

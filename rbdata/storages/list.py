@@ -17,7 +17,7 @@ __all__ = ["ListStorage"]
 def _collate(items: list[Any]) -> Any:
     try:
         return default_collate(items)
-    except (TypeError, RuntimeError):
+    except (TypeError, RuntimeError, ValueError, KeyError, IndexError):
         return items
 
 
