@@ -33,7 +33,7 @@ from rbdata.samplers import (
     SliceSampler,
     UniformSampler,
 )
-from rbdata.samplers.base import Sampler
+from rbdata.samplers.base import Sampler, check_batch_size
 from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
 from rbdata.storages._files import atomic_write_json, read_meta
 from rbdata.storages.base import Storage
@@ -241,6 +241,8 @@ def load(path: Any) -> Components:
                 state = decode(entry["state"], tensors, f"{kind} state")
                 parts[kind] = _build(cls, config, state, kind, parts["storage"])
         batch_size = meta["batch_size"]
+        if batch_size is not None:
+            check_batch_size(batch_size)
     except CheckpointError:
         raise
     except (*_INVALID, OSError) as err:
