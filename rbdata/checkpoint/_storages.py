@@ -28,7 +28,7 @@ from rbdata.errors import CheckpointError
 from rbdata.storages._files import remove_with
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
-from rbdata.storages.convert import _block
+from rbdata.storages.convert import copy_rows
 from rbdata.storages.list import ListStorage
 from rbdata.storages.memmap import MemmapStorage, write_directory
 from rbdata.storages.tensor import TensorStorage
@@ -69,11 +69,18 @@ def _list_state(storage: ListStorage, tensors: list[torch.Tensor]) -> dict[str, 
     return state
 
 
-def _restore_list(cls: type[ListStorage], config: dict[str, Any], state: Any, tensors: list) -> Any:
-    storage = cls(**config)
+def _counts(storage: Storage, state: Any) -> tuple[int, int]:
+    """The saved length and next slot, checked against the capacity of ``storage``."""
     n, nxt = int(state["length"]), int(state["next"])
     if not 0 <= n <= storage.capacity or not 0 <= nxt < storage.capacity:
-        raise CheckpointError(f"ListStorage: length {n} / next slot {nxt} out of range")
+        name = type(storage).__name__
+        raise CheckpointError(f"{name}: length {n} / next slot {nxt} out of range")
+    return n, nxt
+
+
+def _restore_list(cls: type[ListStorage], config: dict[str, Any], state: Any, tensors: list) -> Any:
+    storage = cls(**config)
+    n, nxt = _counts(storage, state)
     items: list[Any] = []
     if "layout" in state:
         layout = Layout.from_json(state["layout"])
@@ -108,6 +115,16 @@ def _copy_file(src: Path, dst: Path, fsync: bool) -> None:
         os.close(fd)
 
 
+def _arrow_files(storage: ArrowStorage) -> list[Path]:
+    """Flush ``storage``; return its metadata and chunk files (everything that holds data)."""
+    storage.flush()
+    return [
+        file
+        for file in sorted(storage.path.iterdir())
+        if file.name.startswith("chunk-") or file.name == "_rbdata.json"
+    ]
+
+
 def dump_storage(
     storage: Storage, root: Path, tensors: list[torch.Tensor], fsync: bool = True
 ) -> dict[str, Any]:
@@ -117,11 +134,9 @@ def dump_storage(
         return _list_state(storage, tensors)
     out = root / _DIR
     if isinstance(storage, ArrowStorage):
-        storage.flush()
         out.mkdir()
-        for file in sorted(storage.path.iterdir()):
-            if file.name.startswith("chunk-") or file.name == "_rbdata.json":
-                _copy_file(file, out / file.name, fsync)
+        for file in _arrow_files(storage):
+            _copy_file(file, out / file.name, fsync)
         fsync_dir(out, fsync)
         return {"dir": _DIR}
     assert isinstance(storage, TensorStorage)
@@ -194,11 +209,9 @@ def storage_state(storage: Storage) -> dict[str, Any]:
         tensors: list[torch.Tensor] = []
         return {"json": _list_state(storage, tensors), "tensors": tensors}
     if isinstance(storage, ArrowStorage):
-        storage.flush()
         files = {
             file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8))
-            for file in sorted(storage.path.iterdir())
-            if file.name.startswith("chunk-") or file.name == "_rbdata.json"
+            for file in _arrow_files(storage)
         }
         return {"files": files}
     assert isinstance(storage, TensorStorage)
@@ -228,13 +241,10 @@ def storage_from_state(cls: type[Storage], config: dict[str, Any], state: Any) -
         return storage
     storage = cls(**config)
     assert isinstance(storage, TensorStorage)
-    n, nxt = int(state["length"]), int(state["next"])
-    if not 0 <= n <= storage.capacity or not 0 <= nxt < storage.capacity:
-        raise CheckpointError(f"{cls.__name__}: length {n} / next slot {nxt} out of range")
+    n, nxt = _counts(storage, state)
     if state["layout"] is not None:
         layout = Layout.from_json(state["layout"])
-        storage._allocate(layout)
-        storage._layout = layout
+        storage._ensure_layout(layout)
         for buf, data, leaf in zip(storage.buffers, state["buffers"], layout.leaves, strict=True):
             if tuple(data.shape) != (n, *leaf.shape) or data.dtype != leaf.dtype:
                 raise CheckpointError(
@@ -260,18 +270,11 @@ def copy_storage(src: Storage, dst: Storage) -> None:
         dst._items, dst._objects, dst._layout = list(src._items), src._objects, src._layout
     elif isinstance(src, TensorStorage) and isinstance(dst, TensorStorage):
         if src.layout is not None:
-            if dst.layout is None:
-                dst._allocate(src.layout)
-                dst._layout = src.layout
+            dst._ensure_layout(src.layout)
             for d, s in zip(dst.buffers, src.buffers, strict=True):
                 d[:n].copy_(s[:n])
     else:
         dst.clear()
-        layout = src.layout
-        step = getattr(src, "chunk_size", 1 << 16)
-        for start in range(0, n, step):
-            assert layout is not None
-            stop = min(start + step, n)
-            dst.set(slice(start, stop), _block(layout, src.__getitems__(torch.arange(start, stop))))
+        copy_rows(src, dst, n, getattr(src, "chunk_size", 1 << 16))
     dst._set_length(n)
     dst._set_next(src.next_slot)

@@ -164,9 +164,8 @@ class Storage(Dataset[Any]):
 
     def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
         """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
-        if self._layout is None and prepared.layout is not None:
-            self._allocate(prepared.layout)
-            self._layout = prepared.layout
+        if prepared.layout is not None:
+            self._ensure_layout(prepared.layout)
         if isinstance(index, int):
             self._write_one(index, prepared.payload)
             top = last = index + 1
@@ -201,6 +200,12 @@ class Storage(Dataset[Any]):
         if idx.numel() != n:
             raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
         return idx
+
+    def _ensure_layout(self, layout: Layout) -> None:
+        """Allocate for ``layout`` and fix it, unless a layout is fixed already."""
+        if self._layout is None:
+            self._allocate(layout)
+            self._layout = layout
 
     def _current_layout(self) -> Layout | None:
         return self._layout

@@ -76,6 +76,17 @@ def _block(layout: Layout, batch: Any) -> Any:
     return block
 
 
+def copy_rows(src: Storage, dst: Storage, length: int, rows: int) -> None:
+    """Write slots ``[0, length)`` of ``src`` to the same slots of ``dst``, ``rows`` at a time."""
+    layout = src.layout
+    if layout is None:
+        return
+    for start in range(0, length, rows):
+        stop = min(start + rows, length)
+        batch = src.__getitems__(torch.arange(start, stop))
+        dst.set(slice(start, stop), _block(layout, batch))
+
+
 def _check_chunk_size(chunk_size: int | None) -> None:
     if chunk_size is None:
         return
@@ -177,11 +188,7 @@ def convert(
         dst = cls(src.capacity, path=path)
     try:
         if layout is not None and length:
-            rows = _block_rows(chunk_size, src, dst, layout)
-            for start in range(0, length, rows):
-                stop = min(start + rows, length)
-                batch = src.__getitems__(torch.arange(start, stop))
-                dst.set(slice(start, stop), _block(layout, batch))
+            copy_rows(src, dst, length, _block_rows(chunk_size, src, dst, layout))
             if dst.layout != layout:  # pragma: no cover - the blocks keep the source's layout
                 raise RuntimeError(f"converted layout {dst.layout} differs from {layout}")
         # the writes above filled slots [0, length): the length is the source's already

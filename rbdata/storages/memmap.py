@@ -51,21 +51,28 @@ class _Header:
 
     def __init__(self, path: Path, create: bool, private: bool = False) -> None:
         self._mmap: mmap.mmap | None = None
-        if private:
-            if not path.is_file() or path.stat().st_size != _HEADER_BYTES:
-                raise ValueError(f"{path}: expected a {_HEADER_BYTES}-byte header, file is corrupt")
-            self.values = np.fromfile(path, dtype=np.int64)
-            return
         if create:
             with open(path, "wb") as f:
                 f.write(b"\0" * _HEADER_BYTES)
                 f.flush()
                 os.fsync(f.fileno())
-        with open(path, "r+b") as f:
+        with open(path, "rb" if private else "r+b") as f:
             if os.fstat(f.fileno()).st_size != _HEADER_BYTES:
                 raise ValueError(f"{path}: expected a {_HEADER_BYTES}-byte header, file is corrupt")
+            if private:
+                self.values = np.fromfile(f, dtype=np.int64)
+                return
             self._mmap = mmap.mmap(f.fileno(), _HEADER_BYTES)
         self.values = np.frombuffer(self._mmap, dtype=np.int64)
+
+    @classmethod
+    def private_copy(cls, length: int, next_slot: int) -> _Header:
+        """A private header holding ``length`` and ``next_slot`` (no file)."""
+        self = cls.__new__(cls)
+        self._mmap = None
+        self.values = np.zeros(_HEADER_BYTES // 8, dtype=np.int64)
+        self.values[:2] = length, next_slot
+        return self
 
     def close(self) -> None:
         del self.values
@@ -123,8 +130,7 @@ def write_directory(
     root = Path(path)
     root.mkdir(parents=True)
     n, layout = len(storage), storage.layout
-    header = np.zeros(_HEADER_BYTES // 8, dtype=np.int64)
-    header[:2] = n, storage.next_slot
+    header = _Header.private_copy(n, storage.next_slot).values
     _write_file(root / _HEADER_FILE, [header.view(np.uint8)], _HEADER_BYTES, fsync)
     meta = _meta(storage.capacity, layout)
     if layout is not None:
@@ -263,9 +269,7 @@ class MemmapStorage(TensorStorage):
             return
         TensorStorage.__init__(self, state["capacity"], device="cpu")
         self._finalizer, self._path, self._private = None, Path(state["path"]), True
-        self._header = _Header.__new__(_Header)
-        self._header._mmap = None
-        self._header.values = np.array(state["header"] + [0] * 6, dtype=np.int64)
+        self._header = _Header.private_copy(*state["header"])
         if state["layout"] is not None:
             self._layout = Layout.from_json(state["layout"])
             self._set_buffers(state["buffers"], self._layout)
