@@ -37,6 +37,7 @@ bench: venv
 	$(PY) tests/benchmarks/bench_samplers.py
 	$(PY) tests/benchmarks/bench_arrow.py
 	$(PY) tests/benchmarks/bench_checkpoint.py
+	$(PY) tests/benchmarks/bench_datasets.py
 
 docs: venv
 	$(PY) -m sphinx -W -b html docs docs/_build/html

@@ -1,9 +1,18 @@
-"""The ``rbdata`` command line: ``rbdata demo`` (also ``python -m rbdata demo``)."""
+"""The ``rbdata`` command line (also ``python -m rbdata``).
+
+``rbdata demo`` downloads, converts and trains on a D4RL-layout sample; ``rbdata datasets
+list|download|info|path|remove`` manages the offline dataset cache (the logic is in
+:mod:`rbdata.datasets._commands`).
+"""
 
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
+import sys
 from collections.abc import Sequence
+from typing import Any
 
 __all__ = ["build_parser", "main"]
 
@@ -32,6 +41,9 @@ def build_parser() -> argparse.ArgumentParser:
         >>> args = build_parser().parse_args(["demo", "--batch-size", "64", "--workers", "0"])
         >>> args.command, args.batch_size, args.workers
         ('demo', 64, 0)
+        >>> args = build_parser().parse_args(["datasets", "info", "d4rl/hopper-medium-v2"])
+        >>> args.command, args.action, args.id, args.backend
+        ('datasets', 'info', 'd4rl/hopper-medium-v2', None)
     """
     parser = argparse.ArgumentParser(
         prog="rbdata",
@@ -40,11 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
     demo = commands.add_parser(
         "demo",
-        help="load the bundled CartPole sample into a buffer and time two read paths",
+        help="download a D4RL-layout sample from a local mirror, convert it and train on it",
         description=(
-            "Load the bundled cartpole-random-v0 sample into a memory-mapped replay buffer and "
-            "read one epoch through a DataLoader over the storage and one by iterating the "
-            "buffer; print items, bytes per item, batches/s and MB/s."
+            "Build the cartpole-random-v0 D4RL-layout sample, serve it on 127.0.0.1, download "
+            "and convert it with rbdata.datasets.D4RL into a temporary cache, reopen it, and fit "
+            "a small Q-network by TD learning through a DataLoader; print the download, "
+            "convert and reopen times, batches/s and the loss."
         ),
     )
     demo.add_argument(
@@ -53,21 +66,170 @@ def build_parser() -> argparse.ArgumentParser:
     demo.add_argument(
         "--workers",
         type=_non_negative_int,
-        default=2,
-        help="DataLoader worker processes; 0 loads in the main process (default: 2)",
+        default=0,
+        help=(
+            "DataLoader worker processes (default: 0, load in the main process: for small "
+            "transitions on few cores one batched read beats worker processes)"
+        ),
     )
+    demo.add_argument(
+        "--steps", type=_positive_int, default=400, help="gradient steps (default: 400)"
+    )
+    _add_datasets_parser(commands)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rbdata`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
 
-    Bad arguments exit with status 2 and a usage message, as ``argparse`` does.
+    Bad arguments exit with status 2 and a usage message, as ``argparse`` does; a failed
+    ``datasets`` command prints one line ``rbdata: error: ...`` to stderr and returns 1.
     """
     args = build_parser().parse_args(argv)
     if args.command == "demo":
         from rbdata.demo import run_demo
 
-        run_demo(batch_size=args.batch_size, num_workers=args.workers)
+        run_demo(batch_size=args.batch_size, num_workers=args.workers, steps=args.steps)
         return 0
+    if args.command == "datasets":
+        return _run_datasets(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
+
+
+# --- rbdata datasets ... ----------------------------------------------------------------------
+_ID_HELP = (
+    "d4rl/<name> (or a bare D4RL name, e.g. hopper-medium-v2) or minari/<dataset_id> "
+    "(e.g. minari/mujoco/hopper/medium-v0)"
+)
+_BACKEND_HELP = "storage backend (default: memmap, else the one backend the ID is converted to)"
+
+
+def _backend_option(parser: Any, help: str, default: str | None = None) -> None:
+    # one action per parser: a shared parent's action would share its default too
+    parser.add_argument("--backend", choices=("memmap", "arrow"), default=default, help=help)
+
+
+def _add_datasets_parser(commands: Any) -> None:
+    datasets = commands.add_parser(
+        "datasets",
+        help="list, download, inspect and remove offline datasets (D4RL, Minari)",
+        description=(
+            "Manage the offline dataset cache (--root, else $RBDATA_HOME, else the user cache "
+            "directory). An ID is d4rl/<name> or minari/<dataset_id>; the prefixes are lower "
+            "case, so minari/D4RL/door/human-v2 is Minari's D4RL namespace."
+        ),
+    )
+    actions = datasets.add_subparsers(dest="action", metavar="ACTION", required=True)
+    root = argparse.ArgumentParser(add_help=False)
+    root.add_argument(
+        "--root", metavar="DIR", help="cache root (default: $RBDATA_HOME, else the user cache)"
+    )
+    ident = argparse.ArgumentParser(add_help=False)
+    ident.add_argument("id", metavar="ID", help=_ID_HELP)
+
+    listing = actions.add_parser(
+        "list",
+        parents=[root],
+        help="list D4RL and Minari datasets and what is in the cache",
+        description=(
+            "List every D4RL id of the catalog and the Minari datasets that are local "
+            "($MINARI_DATASETS_PATH) or converted, with their size, whether the data file is "
+            "here and the backends converted in the cache."
+        ),
+    )
+    listing.add_argument("--family", choices=("d4rl", "minari"), help="one family only")
+    listing.add_argument(
+        "--downloaded", action="store_true", help="only datasets with something in the cache"
+    )
+    listing.add_argument(
+        "--remote", action="store_true", help="also list Minari's remote datasets (network)"
+    )
+
+    download = actions.add_parser(
+        "download",
+        parents=[ident, root],
+        help="download and convert a dataset; print its path",
+        description="Download (resumable, checksummed) and convert a dataset into the cache.",
+    )
+    _backend_option(download, "storage backend (default: memmap)", default="memmap")
+    download.add_argument("--url", help="D4RL only: download this URL instead of the catalog's")
+    download.add_argument(
+        "--sha256", metavar="HEX", help="D4RL only: the expected digest instead of the catalog's"
+    )
+
+    info = actions.add_parser(
+        "info",
+        parents=[ident, root],
+        help="show a converted dataset's counts, keys, source and metadata",
+        description="Show what dataset.json of a converted entry records (exit 1 if none).",
+    )
+    _backend_option(info, _BACKEND_HELP)
+    path = actions.add_parser(
+        "path",
+        parents=[root],
+        help="print a dataset's directory in the cache (or the cache root)",
+        description=(
+            "Print the entry's directory; exit 0 if it is converted, else 1 (the path is still "
+            "printed, a note goes to stderr). Without ID, print the cache root."
+        ),
+    )
+    path.add_argument("id", metavar="ID", nargs="?", help=_ID_HELP)
+    _backend_option(path, _BACKEND_HELP)
+
+    remove = actions.add_parser(
+        "remove",
+        parents=[ident, root],
+        help="remove a dataset's converted entries and downloaded file from the cache",
+        description=(
+            "Remove the converted entry (or every backend's) and, for D4RL, the downloaded "
+            "HDF5 file, which ids sharing the file share. Minari's own copy "
+            "($MINARI_DATASETS_PATH) is left alone. Exit 1 if nothing was there."
+        ),
+    )
+    which = remove.add_mutually_exclusive_group()
+    _backend_option(which, "the backend to remove (default: memmap, else the one converted)")
+    which.add_argument("--all-backends", action="store_true", help="remove every backend")
+    remove.add_argument(
+        "--keep-download", action="store_true", help="keep the downloaded D4RL file"
+    )
+
+
+def _run_datasets(args: argparse.Namespace) -> int:
+    from rbdata.datasets import _commands as commands
+    from rbdata.datasets._cache import cache_root
+
+    try:
+        root = cache_root(args.root)
+        if args.action == "list":
+            return commands.list_command(
+                root, family=args.family, downloaded=args.downloaded, remote=args.remote
+            )
+        if args.action == "path":
+            ref = None if args.id is None else commands.parse_id(args.id)
+            return commands.path_command(root, ref, backend=args.backend)
+        ref = commands.parse_id(args.id)
+        if args.action == "download":
+            return commands.download_command(
+                root, ref, backend=args.backend, url=args.url, sha256=args.sha256
+            )
+        if args.action == "info":
+            return commands.info_command(root, ref, backend=args.backend)
+        if args.action == "remove":
+            return commands.remove_command(
+                root,
+                ref,
+                backend=args.backend,
+                all_backends=args.all_backends,
+                keep_download=args.keep_download,
+            )
+    except KeyboardInterrupt:
+        print("rbdata: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `rbdata datasets list | head`: the reader left, stop quietly
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (KeyError, ValueError, OSError, ImportError) as err:
+        print(f"rbdata: error: {commands.error_line(err)}", file=sys.stderr)
+        return 1
+    raise AssertionError(f"unhandled action {args.action!r}")  # argparse rejects others

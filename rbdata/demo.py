@@ -1,27 +1,41 @@
-"""The demo behind ``make demo`` / ``python -m rbdata demo``: a bundled dataset, two read paths.
+"""The demo behind ``make demo`` / ``python -m rbdata demo``: the offline-dataset path end to end.
 
-The bundled sample ``cartpole-random-v0`` (random-policy ``CartPole-v1`` transitions, built by
-``datasets/samples/cartpole_random.py``) goes into a memory-mapped replay buffer, which is then
-read for one epoch twice: through a plain :class:`torch.utils.data.DataLoader` over the storage
-(the storage *is* a map-style dataset) and by iterating the buffer itself.
+1. The recipe ``datasets/samples/d4rl_sample.py`` writes the bundled ``cartpole-random-v0``
+   sample (random-policy ``CartPole-v1`` transitions) as a D4RL-layout HDF5 file.
+2. A local HTTP mirror on ``127.0.0.1`` serves it; ``RBDATA_D4RL_MIRROR`` points there and
+   ``RBDATA_HOME`` at a temporary cache.
+3. :class:`rbdata.datasets.D4RL` downloads it (progress bar, sha256 check), converts it into a
+   memory-mapped storage, and a second ``D4RL(...)`` opens the converted entry from the cache.
+4. A small Q-network is fitted by TD learning to the value of the data's (random) policy
+   through ``DataLoader(dataset, batch_size=256, shuffle=True)``.
+
+The environment and the working directory are left as they were; the temporary files are
+removed at the end.
 """
 
 from __future__ import annotations
 
-import math
+import functools
+import hashlib
+import importlib.util
+import os
+import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from tempfile import TemporaryDirectory
+from types import ModuleType
 from typing import Any
 
 import numpy as np
 import torch
 from tensordict import TensorDict
+from torch import nn
 from torch.utils.data import DataLoader
 
 from rbdata._resources import catalog_path
-from rbdata.buffer import ReplayBuffer
-from rbdata.samplers import SamplerWithoutReplacement
-from rbdata.storages import MemmapStorage
 
 __all__ = ["SAMPLE_KEYS", "load_sample", "run_demo"]
 
@@ -35,6 +49,11 @@ SAMPLE_KEYS: dict[str, str | tuple[str, str]] = {
     "next_terminated": ("next", "terminated"),
     "next_truncated": ("next", "truncated"),
 }
+
+_DATASET = "cartpole-random-v0"
+_GAMMA = 0.8  # discount of the fitted value: a horizon of ~5 steps, learnt within the demo
+_TAU = 0.1  # soft update rate of the target network
+_LR = 3e-3
 
 
 def load_sample(name: str = "cartpole-random-v0") -> TensorDict:
@@ -86,109 +105,313 @@ def load_sample(name: str = "cartpole-random-v0") -> TensorDict:
     return TensorDict(data, batch_size=[n])
 
 
-def _time_epoch(batches: Iterable[Any]) -> tuple[int, int, float]:
-    """Consume ``batches``; return (batches, items, seconds), start-up included."""
-    count = items = 0
+# --- the sample file and its mirror ----------------------------------------------------------
+def _load_recipe() -> ModuleType:
+    """The catalog's ``samples/d4rl_sample.py`` recipe, as a module."""
+    path = catalog_path("samples", "d4rl_sample.py")
+    spec = importlib.util.spec_from_file_location("_rbdata_recipe_d4rl_sample", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the recipe {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+class _Handler(SimpleHTTPRequestHandler):
+    """Serves the mirror's folder quietly and records when each GET finished sending."""
+
+    server: _Mirror
+
+    def log_message(self, format: str, *args: Any) -> None:
+        """Log nothing: the demo prints its own report."""
+
+    def do_GET(self) -> None:
+        """Serve the file, then record ``(path, seconds at the end)``."""
+        super().do_GET()
+        self.server.served.append((self.path, time.perf_counter()))
+
+
+class _Mirror(ThreadingHTTPServer):
+    daemon_threads = True
+
+    def __init__(self, root: Path) -> None:
+        super().__init__(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
+        self.served: list[tuple[str, float]] = []
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.server_address[1]}/"
+
+
+@contextmanager
+def _serving(root: Path) -> Iterator[_Mirror]:
+    """A mirror of ``root`` on 127.0.0.1 (a free port) in a daemon thread, shut down on exit."""
+    mirror = _Mirror(root)
+    thread = threading.Thread(target=mirror.serve_forever, name="rbdata-demo-mirror", daemon=True)
+    thread.start()
+    try:
+        yield mirror
+    finally:
+        mirror.shutdown()
+        mirror.server_close()
+        thread.join()
+
+
+@contextmanager
+def _environ(values: dict[str, str]) -> Iterator[None]:
+    """Set environment variables; restore the previous values (or absence) on exit."""
+    saved = {name: os.environ.get(name) for name in values}
+    try:
+        os.environ.update(values)
+        yield
+    finally:
+        for name, old in saved.items():
+            if old is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = old
+
+
+def _no_proxy_for_localhost() -> dict[str, str]:
+    """``no_proxy``/``NO_PROXY`` extended with 127.0.0.1, so a proxy setting cannot intercept."""
+    out = {}
+    for name in ("no_proxy", "NO_PROXY"):
+        old = os.environ.get(name, "")
+        out[name] = f"{old},127.0.0.1" if old else "127.0.0.1"
+    return out
+
+
+# --- the TD model --------------------------------------------------------------------------
+def _q_network(obs_dim: int, actions: int) -> nn.Module:
+    return nn.Sequential(
+        nn.Linear(obs_dim, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, actions)
+    )
+
+
+def _td_loss(q: nn.Module, target: nn.Module, batch: TensorDict) -> torch.Tensor:
+    """Expected-SARSA TD error for the uniform behaviour policy: fitted Q evaluation."""
+    with torch.no_grad():
+        next_value = target(batch["next", "observation"]).mean(-1, keepdim=True)
+        alive = (~batch["next", "terminated"]).to(next_value.dtype)
+        y = batch["next", "reward"] + _GAMMA * alive * next_value
+    pred = q(batch["observation"]).gather(1, batch["action"].unsqueeze(-1))
+    return nn.functional.mse_loss(pred, y)
+
+
+def _discounted_returns(reward: np.ndarray, terminated: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Monte Carlo discounted return from every row to its episode's end (file order)."""
+    out = np.zeros(len(reward), dtype=np.float64)
+    following = 0.0
+    for t in range(len(reward) - 1, -1, -1):
+        if done[t]:
+            following = 0.0
+        following = float(reward[t]) + (0.0 if terminated[t] else _GAMMA * following)
+        out[t] = following
+    return out
+
+
+def _train(
+    dataset: Any,
+    batch_size: int,
+    num_workers: int,
+    steps: int,
+    log_every: int,
+    seed: int,
+    out: Callable[[str], object],
+) -> tuple[nn.Module, dict[str, Any]]:
+    """Fit Q by TD learning for ``steps`` batches of the shuffled dataset, epoch after epoch."""
+    obs_dim = int(dataset[0]["observation"].shape[-1])
+    with torch.random.fork_rng(devices=[]):  # seeded initialisation, global RNG left alone
+        torch.manual_seed(seed)
+        q, target = _q_network(obs_dim, 2), _q_network(obs_dim, 2)
+    target.load_state_dict(q.state_dict())
+    optimizer = torch.optim.Adam(q.parameters(), lr=_LR)
+    loader = DataLoader(
+        dataset,
+        batch_size=batch_size,
+        shuffle=True,
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,  # start the workers once, not once per epoch
+        generator=torch.Generator().manual_seed(seed),
+    )
+    losses: list[float] = []
+    window: list[float] = []
+    step, epochs = 0, 0
     start = time.perf_counter()
-    for batch in batches:
-        count += 1
-        items += int(batch.batch_size[0])
-    return count, items, time.perf_counter() - start
+    while step < steps:
+        epochs += 1
+        for batch in loader:
+            loss = _td_loss(q, target, batch)
+            optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            optimizer.step()
+            with torch.no_grad():
+                for p, p_target in zip(q.parameters(), target.parameters(), strict=True):
+                    p_target.lerp_(p, _TAU)
+            step += 1
+            window.append(loss.item())
+            if step % log_every == 0 or step == steps:
+                losses.append(sum(window) / len(window))
+                out(f"  step {step:4d}  TD loss {losses[-1]:.4f} (mean of the last {len(window)})")
+                window.clear()
+            if step == steps:
+                break
+    seconds = time.perf_counter() - start
+    return q, {"epochs": epochs, "train_s": seconds, "losses": losses}
 
 
-def _path_stats(batches: int, items: int, seconds: float, item_bytes: int) -> dict[str, float]:
-    seconds = max(seconds, 1e-9)
-    return {
-        "batches": batches,
-        "items": items,
-        "seconds": seconds,
-        "batches_per_s": batches / seconds,
-        "mb_per_s": items * item_bytes / seconds / 1e6,
+# --- the demo ------------------------------------------------------------------------------
+def _check_int(name: str, value: Any, minimum: int) -> None:
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        what = "a positive integer" if minimum == 1 else "a non-negative integer"
+        raise ValueError(f"{name} must be {what}, got {value!r}")
+
+
+def _sha256(path: Path) -> str:
+    hasher = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            hasher.update(block)
+    return hasher.hexdigest()
+
+
+def _fetch(tmp: Path, progress: bool, out: Callable[[str], object]) -> tuple[Any, dict]:
+    """Build and serve the file; download + convert it, then reopen it from the cache."""
+    from rbdata.datasets import D4RL
+    from rbdata.datasets._catalog import d4rl_entry
+
+    npz = catalog_path("samples", f"{_DATASET}.npz")
+    file = _load_recipe().build(tmp.joinpath("mirror", *d4rl_entry(_DATASET).url.split("/")), npz)
+    digest, home = _sha256(file), tmp / "home"
+    facts: dict[str, Any] = {"dataset": _DATASET, "file_bytes": file.stat().st_size}
+    facts["sha256"] = digest
+    out(
+        f"rbdata demo: D4RL {_DATASET!r}, a {facts['file_bytes']:,}-byte HDF5 file built by "
+        "datasets/samples/d4rl_sample.py"
+    )
+    with _serving(tmp / "mirror") as mirror:
+        env = {"RBDATA_HOME": str(home), "RBDATA_D4RL_MIRROR": mirror.url}
+        with _environ({**env, **_no_proxy_for_localhost()}):
+            out(f"  RBDATA_D4RL_MIRROR={mirror.url}  RBDATA_HOME={home}")
+            start = time.perf_counter()
+            D4RL(_DATASET, sha256=digest, progress=progress).close()
+            built = time.perf_counter()
+            dataset = D4RL(_DATASET)
+            reopened = time.perf_counter()
+    sent = [t for path, t in mirror.served if path.endswith(file.name)]
+    if len(sent) != 1:
+        dataset.close()
+        raise RuntimeError(f"expected one download from the mirror, got {mirror.served}")
+    facts.update(download_s=sent[0] - start, convert_s=built - sent[0], reopen_s=reopened - built)
+    out(
+        f"  download {facts['download_s'] * 1e3:.0f} ms (sha256 checked), convert "
+        f"{facts['convert_s'] * 1e3:.0f} ms, reopen from the cache {facts['reopen_s'] * 1e3:.1f} ms"
+    )
+    return dataset, facts
+
+
+def _episode_returns(reward: np.ndarray, done: np.ndarray) -> np.ndarray:
+    """Undiscounted returns of the complete episodes (a last, unfinished one left out)."""
+    ends = np.flatnonzero(done)
+    cumulative = np.concatenate([[0.0], np.cumsum(reward, dtype=np.float64)])
+    return cumulative[ends + 1] - cumulative[np.concatenate([[0], ends[:-1] + 1])]
+
+
+def _evaluate(dataset: Any, q: nn.Module, out: Callable[[str], object]) -> dict[str, Any]:
+    """Compare the fitted Q with the data's Monte Carlo returns; D4RL's normalized score."""
+    data = dataset[:]
+    reward = data["next", "reward"].reshape(-1).numpy()
+    done = data["next", "done"].reshape(-1).numpy()
+    terminated = data["next", "terminated"].reshape(-1).numpy()
+    complete = int(np.flatnonzero(done)[-1]) + 1 if done.any() else 0
+    with torch.no_grad():
+        q_sa = q(data["observation"]).gather(1, data["action"].unsqueeze(-1)).reshape(-1)
+    mc = _discounted_returns(reward, terminated, done)[:complete]
+    returns = _episode_returns(reward, done)
+    facts = {
+        "q_mean": float(q_sa[:complete].mean()),
+        "mc_return_mean": float(mc.mean()),
+        "mean_return": float(returns.mean()),
+        "normalized_score": float(dataset.normalized_score(float(returns.mean()))),
     }
+    out(
+        f"  mean Q(s, a) over the data {facts['q_mean']:.2f}; Monte Carlo discounted return "
+        f"{facts['mc_return_mean']:.2f}"
+    )
+    out(
+        f"normalized score of the data's mean episode return ({facts['mean_return']:.1f} over "
+        f"{len(returns)} complete episodes): {facts['normalized_score']:.3f}; best episode "
+        f"({returns.max():.0f}): {dataset.normalized_score(float(returns.max())):.3f}"
+    )
+    return facts
 
 
 def run_demo(
     batch_size: int = 256,
-    num_workers: int = 2,
+    num_workers: int = 0,
     out: Callable[[str], object] = print,
     seed: int = 0,
+    *,
+    steps: int = 400,
+    log_every: int = 50,
+    progress: bool = True,
 ) -> dict[str, Any]:
-    """Fill a memory-mapped buffer with the bundled sample and read one epoch two ways.
+    """Download, convert and reopen the D4RL-layout sample from a local mirror, then train on it.
 
-    The two read paths are a :class:`~torch.utils.data.DataLoader` over the storage
-    (``shuffle=True``, ``num_workers`` worker processes, default collate) and ``for batch in
-    buffer`` with :class:`~rbdata.samplers.SamplerWithoutReplacement`. Times include the
-    DataLoader's worker start-up.
+    Builds ``cartpole-random-v0`` with the catalog's recipe, serves it on 127.0.0.1, fetches it
+    with :class:`rbdata.datasets.D4RL` into a temporary ``RBDATA_HOME`` (``RBDATA_D4RL_MIRROR``
+    set to the mirror, the file's sha256 checked), opens it a second time from the cache, and
+    fits a Q-network to the value of the data's policy (discount 0.8) by TD learning through
+    ``DataLoader(dataset, batch_size, shuffle=True, num_workers)``, epoch after epoch, for
+    ``steps`` updates. The environment variables are restored and the files removed at the end.
 
     Args:
-        batch_size: items per batch on both paths.
+        batch_size: transitions per batch.
         num_workers: DataLoader worker processes (``0``: load in this process).
         out: where the report's lines go (``print`` by default).
-        seed: seed of the shuffling generators of both paths.
+        seed: seed of the network's initialisation and of the shuffling.
+        steps: gradient steps.
+        log_every: steps between two printed losses (each the mean since the previous one).
+        progress: show the progress bars of the download and the conversion (on stderr).
 
     Returns:
-        ``{"dataset", "items", "bytes_per_item", "batch_size", "num_workers", "dataloader",
-        "buffer"}``; the last two map ``batches``, ``items``, ``seconds``, ``batches_per_s``
-        and ``mb_per_s`` to numbers.
+        A dict with ``dataset``, ``file_bytes``, ``sha256``, ``download_s``, ``convert_s``
+        (conversion and first open), ``reopen_s``, ``transitions``, ``episodes``, ``keys``,
+        ``batch_size``, ``num_workers``, ``steps``, ``epochs``, ``train_s``,
+        ``batches_per_s``, ``losses`` (one per ``log_every`` steps), ``q_mean``,
+        ``mc_return_mean``, ``mean_return`` and ``normalized_score``.
+
+    Raises:
+        ValueError: an argument is out of range (the message names it).
     """
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    if isinstance(num_workers, bool) or not isinstance(num_workers, int) or num_workers < 0:
-        raise ValueError(f"num_workers must be a non-negative integer, got {num_workers!r}")
-    name = "cartpole-random-v0"
-    sample = load_sample(name)
-    n = int(sample.batch_size[0])
-    storage = MemmapStorage(n)
-    try:
-        rb = ReplayBuffer(
-            storage=storage,
-            sampler=SamplerWithoutReplacement(generator=torch.Generator().manual_seed(seed)),
-            batch_size=batch_size,
-        )
-        rb.extend(sample)
-        assert storage.layout is not None  # set by the first write
-        item_bytes = storage.layout.item_nbytes
-        loader = DataLoader(
-            rb.storage,
-            batch_size=batch_size,
-            shuffle=True,
-            num_workers=num_workers,
-            generator=torch.Generator().manual_seed(seed),
-        )
-        loader_stats = _path_stats(*_time_epoch(loader), item_bytes)
-        del loader
-        buffer_stats = _path_stats(*_time_epoch(rb), item_bytes)
-    finally:
-        storage.close()
-    report: dict[str, Any] = {
-        "dataset": name,
-        "items": n,
-        "bytes_per_item": item_bytes,
-        "batch_size": batch_size,
-        "num_workers": num_workers,
-        "dataloader": loader_stats,
-        "buffer": buffer_stats,
-    }
-    for line in _format_report(report):
-        out(line)
+    _check_int("batch_size", batch_size, 1)
+    _check_int("num_workers", num_workers, 0)
+    _check_int("steps", steps, 1)
+    _check_int("log_every", log_every, 1)
+    threads = torch.get_num_threads()
+    dataset = None
+    # fork_rng: the default samplers of the datasets draw their seeds from the global RNG
+    with TemporaryDirectory(prefix="rbdata-demo-") as tmp, torch.random.fork_rng(devices=[]):
+        try:
+            dataset, report = _fetch(Path(tmp), progress, out)
+            keys = list(dataset.info["keys"])
+            report.update(transitions=len(dataset), episodes=dataset.num_episodes, keys=keys)
+            out(f"  {dataset!r}\n  keys: {', '.join(keys)}")
+            out(
+                f"fitted Q evaluation (gamma {_GAMMA}) through DataLoader(dataset, batch_size="
+                f"{batch_size}, shuffle=True, num_workers={num_workers}), {steps} steps:"
+            )
+            torch.set_num_threads(1)  # a tiny model: one intra-op thread is the fastest
+            q, train = _train(dataset, batch_size, num_workers, steps, log_every, seed, out)
+            report.update(batch_size=batch_size, num_workers=num_workers, steps=steps, **train)
+            report["batches_per_s"] = steps / train["train_s"]
+            out(
+                f"  {steps} steps ({train['epochs']} epochs) in {train['train_s']:.2f} s: "
+                f"{report['batches_per_s']:,.0f} batches/s (loading + TD update)"
+            )
+            report.update(_evaluate(dataset, q, out))
+        finally:
+            torch.set_num_threads(threads)
+            if dataset is not None:
+                dataset.close()
     return report
-
-
-def _format_report(report: dict[str, Any]) -> list[str]:
-    expected = math.ceil(report["items"] / report["batch_size"])
-    lines = [
-        f"rbdata demo: {report['dataset']} in a MemmapStorage",
-        f"  items: {report['items']}, bytes per item: {report['bytes_per_item']}, "
-        f"batch size: {report['batch_size']} ({expected} batches per epoch)",
-    ]
-    labels = {
-        "dataloader": f"DataLoader(storage, shuffle=True, num_workers={report['num_workers']})",
-        "buffer": "for batch in ReplayBuffer (SamplerWithoutReplacement)",
-    }
-    for key, label in labels.items():
-        s = report[key]
-        lines.append(
-            f"  {label}: {s['batches']} batches, {s['batches_per_s']:,.0f} batches/s, "
-            f"{s['mb_per_s']:,.1f} MB/s, {s['seconds']:.3f} s"
-        )
-    return lines

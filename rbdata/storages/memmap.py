@@ -29,7 +29,7 @@ from rbdata._layout import Layout
 from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
 from rbdata.storages.tensor import TensorStorage
 
-__all__ = ["MemmapStorage", "write_directory"]
+__all__ = ["DirectoryWriter", "MemmapStorage", "write_directory"]
 
 _FORMAT = "rbdata.memmap"
 _VERSION = 1
@@ -148,6 +148,82 @@ def write_directory(
         with ThreadPoolExecutor(max_workers=2) as pool:
             list(pool.map(write, jobs))
     atomic_write_json(root / _LAYOUT_FILE, meta, fsync)
+
+
+class DirectoryWriter:
+    """Write a new storage directory front to back, block by block, with plain file writes.
+
+    For building a large storage (an offline dataset) with memory bounded by one block: the
+    rows go to the leaf files with ``write``, not through a memory mapping, so written pages
+    are page cache, not resident memory of the process. The directory is complete (layout,
+    header, files of full size) only after :meth:`close`; :meth:`MemmapStorage.open` reads it.
+
+    Args:
+        path: the new directory (must not exist, or be empty).
+        capacity: slots of the storage; ``close`` fills the files up to it (sparse zeros).
+        layout: keys, per-item shapes and dtypes of the rows (fixed-shape tensors only).
+        fsync: fsync every file at ``close``.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from rbdata._layout import Layout
+        >>> layout = Layout.from_data({"obs": torch.zeros(1, 2)}, batched=True)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     writer = DirectoryWriter(tmp + "/d", 4, layout)
+        ...     writer.write([torch.arange(6.0).view(3, 2)])
+        ...     writer.close()
+        ...     storage = MemmapStorage.open(tmp + "/d")
+        ...     print(len(storage), storage[2]["obs"].tolist())
+        ...     storage.close()
+        3 [4.0, 5.0]
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], capacity: int, layout: Layout, *, fsync: bool = True
+    ) -> None:
+        if not layout.fixed:
+            raise TypeError(f"MemmapStorage keeps fixed-shape tensors only, got {layout}")
+        self.root = Path(path)
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            raise FileExistsError(f"path {str(self.root)!r} already holds data")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.capacity = capacity
+        self.layout = layout
+        self.rows = 0
+        self._fsync = fsync
+        self._meta = _meta(capacity, layout)
+        self._files = [open(self.root / name, "wb") for name in self._meta["files"]]  # noqa: SIM115
+
+    def write(self, tensors: list[torch.Tensor]) -> None:
+        """Append rows: one CPU tensor per leaf in layout order, same leading dimension."""
+        n = int(tensors[0].shape[0]) if tensors else 0
+        if self.rows + n > self.capacity:
+            raise ValueError(f"{self.rows + n} rows written, capacity {self.capacity}")
+        for f, leaf, t in zip(self._files, self.layout.leaves, tensors, strict=True):
+            if tuple(t.shape) != (n, *leaf.shape) or t.dtype != leaf.dtype:
+                raise ValueError(
+                    f"key {leaf.name}: expected {leaf.dtype} {[n, *leaf.shape]}, got "
+                    f"{t.dtype} {list(t.shape)}"
+                )
+            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
+        self.rows += n
+
+    def close(self) -> None:
+        """Size the files to the capacity, write the header and the layout (the last step)."""
+        for f, leaf in zip(self._files, self.layout.leaves, strict=True):
+            f.truncate(self.capacity * leaf.numel * leaf.dtype.itemsize)
+            if self._fsync:
+                f.flush()
+                os.fsync(f.fileno())
+            f.close()
+        header = _Header.private_copy(self.rows, self.rows % self.capacity).values
+        _write_file(self.root / _HEADER_FILE, [header.view(np.uint8)], _HEADER_BYTES, self._fsync)
+        atomic_write_json(self.root / _LAYOUT_FILE, self._meta, self._fsync)
+
+    def abort(self) -> None:
+        """Close the files without finishing the directory (the caller removes it)."""
+        for f in self._files:
+            f.close()
 
 
 class MemmapStorage(TensorStorage):

@@ -1,0 +1,166 @@
+"""The dataset cache: where converted datasets live, and how an entry is built exactly once.
+
+Layout of the cache root (``root=``, else ``$RBDATA_HOME``, else the user cache directory)::
+
+    <root>/<family>/downloads/<file>                raw downloads (D4RL HDF5 files)
+    <root>/<family>/<id>/<backend>/dataset.json     a converted entry: metadata, counts, source
+    <root>/<family>/<id>/<backend>/storage/         the storage directory (memmap or Arrow)
+
+An entry is built in a temporary sibling directory and renamed into place when complete, under
+a file lock (``<entry>.lock``): a failed or interrupted build leaves no entry, and a second
+process asking for the same entry waits, then opens what the first built.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import filelock
+import platformdirs
+
+__all__ = [
+    "DATASET_FILE",
+    "ENTRY_FORMAT",
+    "ENTRY_VERSION",
+    "STORAGE_DIR",
+    "build_entry",
+    "cache_root",
+    "check_name",
+    "entry_dir",
+    "lock_for",
+    "read_entry",
+]
+
+DATASET_FILE = "dataset.json"
+STORAGE_DIR = "storage"
+ENTRY_FORMAT = "rbdata.dataset"
+ENTRY_VERSION = 1
+BACKENDS = ("memmap", "arrow")
+_SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
+
+
+def cache_root(root: str | os.PathLike[str] | None = None) -> Path:
+    """The cache root: ``root``, else ``$RBDATA_HOME``, else the user cache directory.
+
+    Examples:
+        >>> cache_root("/tmp/rbdata-cache").as_posix()
+        '/tmp/rbdata-cache'
+    """
+    if root is not None:
+        return Path(root).expanduser()
+    env = os.environ.get("RBDATA_HOME")
+    if env:
+        return Path(env).expanduser()
+    return Path(platformdirs.user_cache_dir("rbdata"))
+
+
+def check_name(name: str, what: str = "name") -> list[str]:
+    """Split a dataset id into path segments that stay inside their directory.
+
+    Raises:
+        ValueError: an empty id, or a segment that is ``.``/``..``, absolute or has characters
+            outside ``[A-Za-z0-9_.+=-]`` (the message names the argument).
+
+    Examples:
+        >>> check_name("mujoco/hopper/medium-v0")
+        ['mujoco', 'hopper', 'medium-v0']
+        >>> check_name("../etc")
+        Traceback (most recent call last):
+        ...
+        ValueError: name: '../etc' is not a dataset id (segment '..')
+    """
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{what}: expected a non-empty dataset id, got {name!r}")
+    parts = name.split("/")
+    for part in parts:
+        if not _SEGMENT.match(part) or part in (".", ".."):
+            raise ValueError(f"{what}: {name!r} is not a dataset id (segment {part!r})")
+    return parts
+
+
+def entry_dir(root: Path, family: str, name: str, backend: str) -> Path:
+    """The directory of a converted entry (checked to stay below ``root``)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+    return root.joinpath(family, *check_name(name), backend)
+
+
+def lock_for(path: Path) -> filelock.FileLock:
+    """The inter-process lock guarding ``path`` (a sibling ``<name>.lock`` file)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    return filelock.FileLock(str(path.with_name(path.name + ".lock")))
+
+
+def read_entry(entry: Path) -> dict[str, Any]:
+    """Read and check ``dataset.json`` of a complete entry.
+
+    Raises:
+        FileNotFoundError: ``entry`` is not a complete cache entry.
+        ValueError: the metadata is corrupt or of another format version.
+    """
+    file = entry / DATASET_FILE
+    if entry.is_symlink() or not file.is_file() or file.is_symlink():
+        raise FileNotFoundError(f"{str(entry)!r} is not a converted dataset: no {DATASET_FILE}")
+    try:
+        meta = json.loads(file.read_text(encoding="utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{file}: corrupt dataset metadata ({err})") from err
+    if not isinstance(meta, dict) or meta.get("format") != ENTRY_FORMAT:
+        raise ValueError(f"{file}: not an {ENTRY_FORMAT} file")
+    if meta.get("version") != ENTRY_VERSION:
+        raise ValueError(
+            f"{file}: format version {meta.get('version')!r}, expected {ENTRY_VERSION}; "
+            "remove the entry (`rbdata datasets remove`) and convert again"
+        )
+    return meta
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def build_entry(entry: Path, build: Callable[[Path], dict[str, Any]]) -> bool:
+    """Build ``entry`` once: ``build(tmp)`` fills a temporary sibling, then it is renamed.
+
+    ``build`` writes the storage below ``tmp`` and returns the metadata, which is written to
+    ``tmp/dataset.json`` last. Runs under :func:`lock_for` ``(entry)``; an entry that exists
+    when the lock is taken is kept (another process built it).
+
+    Returns:
+        ``True`` if this call built the entry, ``False`` if it already existed.
+    """
+    with lock_for(entry):
+        if (entry / DATASET_FILE).is_file():
+            return False
+        # under the lock, any temporary sibling is a leftover of a killed build
+        for stale in entry.parent.glob(f".{entry.name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        if entry.exists():  # an incomplete entry (no dataset.json): never opened, replaced
+            shutil.rmtree(entry)
+        tmp = entry.with_name(f".{entry.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        tmp.mkdir(parents=True)
+        try:
+            meta = build(tmp)
+            meta = {"format": ENTRY_FORMAT, "version": ENTRY_VERSION, **meta}
+            with open(tmp / DATASET_FILE, "w", encoding="utf-8") as f:
+                json.dump(meta, f, indent=1)
+                f.flush()
+                os.fsync(f.fileno())
+            _fsync_dir(tmp)
+            os.replace(tmp, entry)
+            _fsync_dir(entry.parent)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+        return True
