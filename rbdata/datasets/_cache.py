@@ -25,6 +25,10 @@ from typing import Any
 import filelock
 import platformdirs
 
+from rbdata.checkpoint._atomic import fsync_dir
+from rbdata.datasets._download import file_lock
+from rbdata.storages._files import read_meta
+
 __all__ = [
     "DATASET_FILE",
     "ENTRY_FORMAT",
@@ -95,7 +99,7 @@ def entry_dir(root: Path, family: str, name: str, backend: str) -> Path:
 def lock_for(path: Path) -> filelock.FileLock:
     """The inter-process lock guarding ``path`` (a sibling ``<name>.lock`` file)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    return filelock.FileLock(str(path.with_name(path.name + ".lock")))
+    return file_lock(path)
 
 
 def read_entry(entry: Path) -> dict[str, Any]:
@@ -106,28 +110,9 @@ def read_entry(entry: Path) -> dict[str, Any]:
         ValueError: the metadata is corrupt or of another format version.
     """
     file = entry / DATASET_FILE
-    if entry.is_symlink() or not file.is_file() or file.is_symlink():
-        raise FileNotFoundError(f"{str(entry)!r} is not a converted dataset: no {DATASET_FILE}")
-    try:
-        meta = json.loads(file.read_text(encoding="utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError) as err:
-        raise ValueError(f"{file}: corrupt dataset metadata ({err})") from err
-    if not isinstance(meta, dict) or meta.get("format") != ENTRY_FORMAT:
-        raise ValueError(f"{file}: not an {ENTRY_FORMAT} file")
-    if meta.get("version") != ENTRY_VERSION:
-        raise ValueError(
-            f"{file}: format version {meta.get('version')!r}, expected {ENTRY_VERSION}; "
-            "remove the entry (`rbdata datasets remove`) and convert again"
-        )
-    return meta
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    if entry.is_symlink() or file.is_symlink():
+        raise FileNotFoundError(f"{str(entry)!r} is not a converted dataset: a symlink")
+    return read_meta(entry, DATASET_FILE, ENTRY_FORMAT, ENTRY_VERSION, "converted dataset")
 
 
 def build_entry(entry: Path, build: Callable[[Path], dict[str, Any]]) -> bool:
@@ -157,9 +142,9 @@ def build_entry(entry: Path, build: Callable[[Path], dict[str, Any]]) -> bool:
                 json.dump(meta, f, indent=1)
                 f.flush()
                 os.fsync(f.fileno())
-            _fsync_dir(tmp)
+            fsync_dir(tmp)
             os.replace(tmp, entry)
-            _fsync_dir(entry.parent)
+            fsync_dir(entry.parent)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise

@@ -24,6 +24,8 @@ import requests
 import urllib3
 from tqdm import tqdm
 
+from rbdata.checkpoint._atomic import fsync_dir
+
 __all__ = [
     "ChecksumError",
     "DownloadError",
@@ -444,8 +446,4 @@ def _fsync_file(path: Path) -> None:
 
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot fsync a directory
-        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+        fsync_dir(path)

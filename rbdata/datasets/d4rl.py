@@ -153,14 +153,17 @@ def _check_file(h5: Any, source: str) -> tuple[int, dict[tuple[str, ...], Any]]:
 def _blocks(
     h5: Any, n: int, infos: dict[tuple[str, ...], Any], rows: int, counts: _Counts
 ) -> Iterator[Block]:
-    obs, has_next = h5["observations"], "next_observations" in h5
-    timeouts = h5.get("timeouts")
+    # look the datasets up once: h5py's name lookup costs ~0.1 ms a call
+    obs, actions, rewards, terminals = (h5[name] for name in _REQUIRED)
+    next_obs, timeouts = h5.get("next_observations"), h5.get("timeouts")
     episode = 0
     for start in range(0, n, rows):
         stop = min(n, start + rows)
         m = stop - start
-        o = obs[start:stop]
-        term = np.asarray(h5["terminals"][start:stop]).reshape(m) != 0
+        # without next_observations, one more row: the next observation of the block's last
+        extended = obs[start : stop if next_obs is not None else min(n, stop + 1)]
+        o = extended[:m]
+        term = np.asarray(terminals[start:stop]).reshape(m) != 0
         trunc = (
             np.zeros(m, bool)
             if timeouts is None
@@ -169,15 +172,15 @@ def _blocks(
         done = term | trunc
         ids = episode + np.cumsum(done, dtype=np.int64) - done
         episode += int(done.sum())
-        reward = np.asarray(h5["rewards"][start:stop])
+        reward = np.asarray(rewards[start:stop])
         block: dict[tuple[str, ...], Any] = {
             ("observation",): o,
-            ("action",): h5["actions"][start:stop],
+            ("action",): actions[start:stop],
         }
-        if has_next:
-            block[("next", "observation")] = h5["next_observations"][start:stop]
+        if next_obs is not None:
+            block[("next", "observation")] = next_obs[start:stop]
         else:
-            following = obs[start + 1 : min(n, stop + 1)]  # rows with a next row in the file
+            following = extended[1:]  # the rows that have a next row in the file
             valid = ~done
             valid[len(following) :] = False
             nxt = o.copy()
@@ -188,7 +191,7 @@ def _blocks(
         block[("next", "terminated")] = term.reshape(m, 1)
         block[("next", "truncated")] = trunc.reshape(m, 1)
         block[("next", "done")] = done.reshape(m, 1)
-        if not has_next:
+        if next_obs is None:
             block[("next", "valid")] = valid.reshape(m, 1)
         block[("episode",)] = ids
         for key, ds in infos.items():

@@ -13,6 +13,7 @@ On disk, a storage directory holds:
 
 from __future__ import annotations
 
+import contextlib
 import json
 import mmap
 import os
@@ -193,6 +194,10 @@ class DirectoryWriter:
         self._fsync = fsync
         self._meta = _meta(capacity, layout)
         self._files = [open(self.root / name, "wb") for name in self._meta["files"]]  # noqa: SIM115
+        # with fsync, each block's writeback runs in a thread (fdatasync releases the GIL)
+        # while the caller prepares the next block, so close() waits for one block, not all
+        self._syncer = ThreadPoolExecutor(max_workers=1) if fsync else None
+        self._pending: Any = None
 
     def write(self, tensors: list[torch.Tensor]) -> None:
         """Append rows: one CPU tensor per leaf in layout order, same leading dimension."""
@@ -207,9 +212,22 @@ class DirectoryWriter:
                 )
             f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
         self.rows += n
+        if self._syncer is not None:
+            self._wait()
+            for f in self._files:
+                f.flush()
+            fds = [f.fileno() for f in self._files]
+            self._pending = self._syncer.submit(lambda: [os.fdatasync(fd) for fd in fds])
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
 
     def close(self) -> None:
         """Size the files to the capacity, write the header and the layout (the last step)."""
+        self._wait()
+        self._shutdown()
         for f, leaf in zip(self._files, self.layout.leaves, strict=True):
             f.truncate(self.capacity * leaf.numel * leaf.dtype.itemsize)
             if self._fsync:
@@ -222,8 +240,16 @@ class DirectoryWriter:
 
     def abort(self) -> None:
         """Close the files without finishing the directory (the caller removes it)."""
+        with contextlib.suppress(OSError):
+            self._wait()
+        self._shutdown()
         for f in self._files:
             f.close()
+
+    def _shutdown(self) -> None:
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
 
 
 class MemmapStorage(TensorStorage):
