@@ -151,6 +151,11 @@ def write_directory(
     atomic_write_json(root / _LAYOUT_FILE, meta, fsync)
 
 
+def _sync_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.fdatasync(fd)
+
+
 class DirectoryWriter:
     """Write a new storage directory front to back, block by block, with plain file writes.
 
@@ -217,7 +222,7 @@ class DirectoryWriter:
             for f in self._files:
                 f.flush()
             fds = [f.fileno() for f in self._files]
-            self._pending = self._syncer.submit(lambda: [os.fdatasync(fd) for fd in fds])
+            self._pending = self._syncer.submit(_sync_all, fds)
 
     def _wait(self) -> None:
         pending, self._pending = self._pending, None
