@@ -14,10 +14,8 @@ import json
 import os
 import socket
 import sys
-import threading
 import warnings
 from collections.abc import Iterator
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +28,7 @@ from rbdata.cli import main
 from rbdata.datasets import _download
 from rbdata.datasets._catalog import d4rl_catalog
 from rbdata.datasets._commands import DatasetRef, parse_id
+from tests._d4rl_files import serve
 
 NAME = "hopper-medium-v2"
 FILE = "gym_mujoco_v2/hopper_medium-v2.hdf5"  # the catalog path of NAME
@@ -55,28 +54,14 @@ def _write_d4rl_file(path: Path) -> None:
         h5["metadata/policy/fc0/weight"] = np.zeros((64, 3), np.float32)
 
 
-class _QuietHandler(SimpleHTTPRequestHandler):
-    def log_message(self, format: str, *args: Any) -> None:
-        pass
-
-
 @pytest.fixture(scope="module")
 def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str, str]]:
     """A mirror on 127.0.0.1 serving a generated D4RL file at FILE: (mirror URL, sha256)."""
     base = tmp_path_factory.mktemp("mirror")
     _write_d4rl_file(base / FILE)
     digest = hashlib.sha256((base / FILE).read_bytes()).hexdigest()
-    handler = functools.partial(_QuietHandler, directory=str(base))
-    server = ThreadingHTTPServer(("127.0.0.1", 0), handler)
-    server.daemon_threads = True
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield f"http://127.0.0.1:{server.server_address[1]}/", digest
-    finally:
-        server.shutdown()
-        server.server_close()
-        thread.join()
+    with serve(base) as (url, _):
+        yield url, digest
 
 
 @pytest.fixture()

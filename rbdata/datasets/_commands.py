@@ -21,6 +21,7 @@ from typing import Any
 
 from rbdata.datasets._cache import BACKENDS, DATASET_FILE, entry_dir, lock_for, read_entry
 from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog, d4rl_entry
+from rbdata.datasets.minari import _minari
 from rbdata.errors import MissingExtraError
 
 __all__ = [
@@ -232,7 +233,7 @@ def _list_minari(root: Path, downloaded: bool, remote: bool) -> int:
     remote_meta: dict[str, Any] = {}
     problem = None
     try:
-        minari = _import_minari()
+        minari = _minari("Minari datasets")
         local = dict(minari.list_local_datasets())
         if remote and not downloaded:
             try:
@@ -258,14 +259,6 @@ def _list_minari(root: Path, downloaded: bool, remote: bool) -> int:
         print(f"rbdata: error: {problem}", file=sys.stderr)
         return 1
     return 0
-
-
-def _import_minari() -> Any:
-    try:
-        import minari
-    except ImportError as err:
-        raise MissingExtraError("minari", "minari", "Minari datasets") from err
-    return minari
 
 
 # --- download --------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from rbdata.datasets._cache import (
 from rbdata.datasets._catalog import D4RL_PREFIX, D4RLEntry, d4rl_entry
 from rbdata.datasets._download import download as fetch
 from rbdata.datasets._download import resolve_mirror
+from rbdata.datasets._json import json_safe
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 
@@ -68,25 +69,6 @@ def _h5py() -> Any:
     return h5py
 
 
-def _json_value(value: Any) -> Any:
-    """An HDF5 value as JSON: text decoded as UTF-8, numbers as Python numbers or lists."""
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, np.ndarray):
-        if value.dtype.kind in "SOU":
-            return (
-                [_json_value(v) for v in value.tolist()]
-                if value.ndim
-                else _json_value(value.item())
-            )
-        return value.tolist()
-    if isinstance(value, np.generic):
-        return value.item()
-    if isinstance(value, list):
-        return [_json_value(v) for v in value]
-    return value
-
-
 def read_d4rl_metadata(h5: Any) -> dict[str, Any]:
     """Every dataset below the file's ``metadata`` group, keyed by its path below it.
 
@@ -100,7 +82,7 @@ def read_d4rl_metadata(h5: Any) -> dict[str, Any]:
 
     def visit(name: str, obj: Any) -> None:
         if isinstance(obj, h5py.Dataset):
-            out[name] = _json_value(obj[()])
+            out[name] = json_safe(obj[()])
 
     group.visititems(visit)
     return out

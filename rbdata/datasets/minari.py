@@ -51,6 +51,7 @@ import numpy as np
 
 from rbdata.datasets._build import Block, write_blocks
 from rbdata.datasets._cache import DATASET_FILE, STORAGE_DIR, build_entry, cache_root, entry_dir
+from rbdata.datasets._json import json_safe
 from rbdata.datasets.base import OfflineDataset
 from rbdata.errors import MissingExtraError
 from rbdata.samplers.base import Sampler
@@ -65,38 +66,16 @@ _NUMERIC = "biufc"
 Parts = dict[tuple[str, ...], np.ndarray]
 
 
-def _minari() -> Any:
+def _minari(feature: str = "rbdata.datasets.Minari") -> Any:
+    """The ``minari`` package, or a :class:`MissingExtraError` naming ``feature``."""
     try:
         import minari
     except ImportError as err:
-        raise MissingExtraError("minari", "minari", "rbdata.datasets.Minari") from err
+        raise MissingExtraError("minari", "minari", feature) from err
     return minari
 
 
 # --- metadata --------------------------------------------------------------------------------
-def _json_safe(value: Any) -> Any:
-    """``value`` as JSON: numpy as Python numbers/lists, sets sorted, spaces serialized."""
-    if value is None or isinstance(value, (bool, int, float, str)):
-        return value
-    space = _space_json(value)  # before Mapping: a gymnasium Dict space is a Mapping
-    if space is not None:
-        return space
-    if isinstance(value, Mapping):
-        return {str(k): _json_safe(v) for k, v in value.items()}
-    if isinstance(value, (set, frozenset)):
-        items = [_json_safe(v) for v in value]
-        return sorted(items, key=repr)
-    if isinstance(value, (list, tuple)):
-        return [_json_safe(v) for v in value]
-    if isinstance(value, bytes):
-        return value.decode("utf-8", errors="replace")
-    if isinstance(value, np.ndarray):
-        return _json_safe(value.tolist())
-    if isinstance(value, np.generic):
-        return _json_safe(value.item())
-    return str(value)
-
-
 def _space_json(value: Any) -> str | None:
     """A gymnasium space as Minari serializes it (as in its ``metadata.json``), else ``None``."""
     try:
@@ -118,7 +97,7 @@ def minari_metadata(dataset: Any) -> dict[str, Any]:
     Spaces are Minari's serialized JSON strings (as in its ``metadata.json``), sets (authors)
     sorted lists, numpy values Python numbers or lists.
     """
-    meta = _json_safe(dataset.storage.metadata)
+    meta = json_safe(dataset.storage.metadata, _space_json)
     if not isinstance(meta, dict):  # pragma: no cover - Minari's metadata is a dict
         raise ValueError(f"Minari metadata: expected a dict, got {type(meta).__name__}")
     return meta
@@ -210,11 +189,6 @@ def _episode_rows(episode: Any) -> tuple[int, Parts]:
     return steps, rows
 
 
-def _writable(array: np.ndarray) -> np.ndarray:
-    """``array``, copied if read-only (Arrow-backed arrays are)."""
-    return array if array.flags.writeable else array.copy()
-
-
 def _signature(rows: Parts) -> dict[tuple[str, ...], tuple[tuple[int, ...], np.dtype[Any]]]:
     return {key: (tuple(a.shape[1:]), a.dtype) for key, a in rows.items()}
 
@@ -276,8 +250,8 @@ def _blocks(
             yield flush()
         if steps >= rows or size >= nbytes:  # alone, in slices of at most rows / nbytes
             step = max(1, min(rows, nbytes * steps // max(1, size)))
-            for start in range(0, steps, step):  # (torch refuses read-only arrays: copy)
-                yield {k: _writable(a[start : start + step]) for k, a in part.items()}
+            for start in range(0, steps, step):  # (write_blocks copies read-only arrays)
+                yield {k: a[start : start + step] for k, a in part.items()}
         else:
             pending.append(part)
             pending_rows += steps

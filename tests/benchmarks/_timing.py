@@ -102,7 +102,8 @@ class Report:
         print(f"  floor: {floor}")
         self.columns()
 
-    def _verdict(self, ok: bool) -> str:
+    def verdict(self, ok: bool) -> str:
+        """Count a target as passed or failed; return ``PASS`` or ``FAIL``."""
         if ok:
             self.passed += 1
             return "PASS"
@@ -114,7 +115,7 @@ class Report:
     ) -> None:
         """A row whose target is ``t / floor <= target`` (``<`` when ``strict``)."""
         r = t / floor
-        verdict = self._verdict(r < target if strict else r <= target)
+        verdict = self.verdict(r < target if strict else r <= target)
         op = "< " if strict else "<= "
         print(
             f"  {label:<46} {fmt_time(t)} {fmt_time(floor)} {r:6.2f}x  "
@@ -123,7 +124,7 @@ class Report:
 
     def absolute(self, label: str, t: float, floor: float, target_us: float) -> None:
         """A row whose target is an absolute time; ``floor`` is printed for scale."""
-        verdict = self._verdict(t * 1e6 <= target_us)
+        verdict = self.verdict(t * 1e6 <= target_us)
         print(
             f"  {label:<46} {fmt_time(t)} {fmt_time(floor)} {t / floor:6.2f}x  "
             f"{'<= ' + f'{target_us:.0f} us':>9}  {verdict}"
@@ -139,7 +140,7 @@ class Report:
 
     def value(self, label: str, value: float, target: float, text: str = "") -> None:
         """A row of a dimensionless number (e.g. a ratio of ratios) against ``<= target``."""
-        verdict = self._verdict(value <= target)
+        verdict = self.verdict(value <= target)
         print(f"  {label:<46} {text:>23} {value:6.2f}x  {'<= ' + f'{target:.2f}x':>9}  {verdict}")
 
     def note(self, text: str) -> None:

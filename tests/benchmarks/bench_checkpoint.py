@@ -171,14 +171,10 @@ def measure_io(
 
 def absolute_s(rep: Report, label: str, t: float, floor: float, target_s: float) -> None:
     """A row whose target is an absolute time in seconds; ``floor`` is printed for scale."""
-    ok = t <= target_s
-    if ok:
-        rep.passed += 1
-    else:
-        rep.failed += 1
+    verdict = rep.verdict(t <= target_s)
     print(
         f"  {label:<46} {fmt_time(t)} {fmt_time(floor)} {t / floor:6.2f}x  "
-        f"{'<= ' + f'{target_s:g} s':>9}  {'PASS' if ok else 'FAIL'}"
+        f"{'<= ' + f'{target_s:g} s':>9}  {verdict}"
     )
 
 

@@ -275,14 +275,8 @@ def _rss_row(rep: Report, label: str, res: dict[str, Any], target_mb: float | No
     if target_mb is None:
         print(f"  {label:<46} {text:>42}  {'(info)':>9}")
         return
-    ok = extra <= target_mb
-    if ok:
-        rep.passed += 1
-    else:
-        rep.failed += 1
-    print(
-        f"  {label:<46} {text:>42}  {'<= ' + f'{target_mb:.0f} MB':>9}  {'PASS' if ok else 'FAIL'}"
-    )
+    verdict = rep.verdict(extra <= target_mb)
+    print(f"  {label:<46} {text:>42}  {'<= ' + f'{target_mb:.0f} MB':>9}  {verdict}")
 
 
 # --- workloads --------------------------------------------------------------------------------
