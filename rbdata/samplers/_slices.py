@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata.samplers._sumtree import HAS_NUMBA
+from rbdata._numba import HAS_NUMBA
 
 __all__ = ["draw", "draw_reference", "segments", "segments_reference"]
 

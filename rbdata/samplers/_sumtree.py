@@ -48,14 +48,10 @@ __all__ = [
     "update_reference",
 ]
 
-try:  # pragma: no cover - exercised by whichever environment runs the tests
-    import numba
-    from numba.core import cgutils, types
-    from numba.extending import intrinsic
+from rbdata._numba import HAS_NUMBA, voidptr
 
-    HAS_NUMBA = True
-except ImportError:  # pragma: no cover
-    HAS_NUMBA = False
+if HAS_NUMBA:  # pragma: no branch - numba is a core dependency
+    import numba
 
 ARITY = 8
 ROOT = ARITY - 1  # padding before the root aligns every block of children to ARITY elements
@@ -368,16 +364,10 @@ if HAS_NUMBA:
         for i in range(index.shape[0]):
             weight[i] = (sum_tree[leaf0 + index[i]] / min_root) ** -beta
 
-    # Entry points over raw addresses (``tensor.data_ptr()``) of contiguous CPU tensors. A
-    # ``.numpy()`` view per argument costs ~0.8 us, and measured, slows the kernel that follows
-    # by ~3 us more: more than the tree work it saves on a 256-item call.
-    def _voidptr(typingctx: Any, address: Any) -> Any:  # pragma: no cover
-        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
-            return builder.inttoptr(args[0], cgutils.voidptr_t)
-
-        return types.voidptr(address), codegen
-
-    _nb_voidptr: Any = intrinsic(_voidptr)  # an integer address as a void* (for carray)
+    # Entry points over raw addresses (``tensor.data_ptr()``) of contiguous CPU tensors, checked
+    # by the callers below. A ``.numpy()`` view per argument costs ~0.8 us, and measured, slows
+    # the kernel that follows by ~3 us more: more than the tree work it saves on 256 items.
+    _nb_voidptr: Any = voidptr
 
     @numba.njit(cache=True, nogil=True)
     def _nb_set_priorities_at(

@@ -42,17 +42,13 @@ import torch
 from tensordict import NonTensorStack
 
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
+from rbdata._numba import HAS_NUMBA
+from rbdata._numba import voidptr as _nb_voidptr
 from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
 from rbdata.storages.base import Prepared, Storage
 
-try:  # pragma: no cover - exercised by whichever environment runs the tests
+if HAS_NUMBA:  # pragma: no branch - numba is a core dependency
     import numba
-
-    from rbdata.samplers._sumtree import _nb_voidptr
-
-    HAS_NUMBA = True
-except ImportError:  # pragma: no cover
-    HAS_NUMBA = False
 
 __all__ = ["ArrowStorage"]
 
