@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -10,7 +11,15 @@ import weakref
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_write_json", "read_meta", "remove_with", "storage_dir"]
+__all__ = [
+    "atomic_write_json",
+    "check_dir",
+    "inside",
+    "open_nofollow",
+    "read_meta",
+    "remove_with",
+    "storage_dir",
+]
 
 
 def _remove_dir(path: str, owner_pid: int) -> None:
@@ -40,6 +49,80 @@ def storage_dir(
         )
     root.mkdir(parents=True, exist_ok=True)
     return root, None
+
+
+def check_dir(root: Path, what: str) -> Path:
+    """``root`` itself, checked: an existing directory that is not a symlink.
+
+    Raises:
+        FileNotFoundError: ``root`` does not exist.
+        ValueError: ``root`` is a symlink or not a directory.
+    """
+    if root.is_symlink():
+        raise ValueError(f"{str(root)!r}: a {what} directory may not be a symlink")
+    if not root.exists():
+        raise FileNotFoundError(f"{str(root)!r}: no such {what} directory")
+    if not root.is_dir():
+        raise ValueError(f"{str(root)!r} is not a directory")
+    return root
+
+
+def inside(root: Path, name: object, what: str = "file") -> Path:
+    """``root / name`` for a plain file name read from metadata, never a way out of ``root``.
+
+    ``name`` must be a non-empty string without a path separator, NUL, ``.`` or ``..``; if the
+    path exists it must not be a symlink. Nothing is opened.
+
+    Raises:
+        ValueError: naming the file and what is wrong with it.
+
+    Examples:
+        >>> inside(Path("/data/st"), "leaf-000.bin").name
+        'leaf-000.bin'
+        >>> inside(Path("/data/st"), "../etc/passwd")
+        Traceback (most recent call last):
+        ...
+        ValueError: '../etc/passwd': a file name in /data/st must be a plain name inside it
+    """
+    if (
+        not isinstance(name, str)
+        or not name
+        or name in (".", "..")
+        or "/" in name
+        or "\\" in name
+        or "\0" in name
+        or (os.altsep is not None and os.altsep in name)
+    ):
+        raise ValueError(f"{name!r}: a {what} name in {root} must be a plain name inside it")
+    path = root / name
+    if path.is_symlink():
+        raise ValueError(f"{str(path)!r}: a symlink; {what}s of a storage may not be symlinks")
+    return path
+
+
+def open_nofollow(path: Path, mode: str) -> Any:
+    """``open(path, mode)`` (binary modes) that refuses a symlink at ``path`` (``O_NOFOLLOW``).
+
+    Closes the gap between a check of ``path`` and its opening: a symlink swapped in between is
+    refused by the kernel (``ValueError``), never followed.
+    """
+    flags = {
+        "rb": os.O_RDONLY,
+        "r+b": os.O_RDWR,
+        "wb": os.O_WRONLY | os.O_CREAT | os.O_TRUNC,
+        "xb": os.O_WRONLY | os.O_CREAT | os.O_EXCL,
+        "ab": os.O_WRONLY | os.O_CREAT | os.O_APPEND,
+    }[mode]
+    flags |= getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+    try:
+        fd = os.open(path, flags, 0o666)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ValueError(
+                f"{str(path)!r}: a symlink; storage files may not be symlinks"
+            ) from err
+        raise
+    return os.fdopen(fd, mode)
 
 
 def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
