@@ -78,12 +78,20 @@ class Storage(Dataset[Any]):
         device: where the data lives (``None`` for CPU).
     """
 
+    #: Set by ``close()`` of storages that can be closed; every public method then raises.
+    _closed: bool = False
+
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         self._capacity = check_capacity(max_size)
         self._device = torch.device("cpu") if device is None else torch.device(device)
         self._layout: Layout | None = None
         self._length = 0
         self._next = 0
+
+    def _check_open(self) -> None:
+        """Raise ``ValueError`` if the storage was closed (before anything is touched)."""
+        if self._closed:
+            raise ValueError(f"the storage is closed ({type(self).__name__}.close() was called)")
 
     # --- public surface ------------------------------------------------------------------
     @property
@@ -102,6 +110,8 @@ class Storage(Dataset[Any]):
         return self._layout
 
     def __len__(self) -> int:
+        if self._closed:
+            self._check_open()
         return self._length
 
     @property
@@ -114,6 +124,7 @@ class Storage(Dataset[Any]):
         return f"{name}(len={len(self)}, capacity={self.capacity}, layout={self._layout})"
 
     def __getitem__(self, index: Any) -> Any:
+        self._check_open()
         if isinstance(index, numbers.Integral) and not isinstance(index, bool):
             return self._get(normalize_int(int(index), len(self)))
         return self.__getitems__(index)
@@ -124,6 +135,7 @@ class Storage(Dataset[Any]):
         An :class:`~rbdata._index.IndexBatch` (what rbdata's ``BatchSampler`` yields) adds
         ``"index"`` and the sampler's extras (e.g. ``"weight"``) to TensorDict batches.
         """
+        self._check_open()
         if type(indices) is IndexBatch:
             idx = as_index_tensor(indices.tensor, len(self))
             return self._gather(idx, {"index": idx, **indices.extras})
@@ -134,6 +146,7 @@ class Storage(Dataset[Any]):
 
         Everything is validated before anything is written.
         """
+        self._check_open()
         if isinstance(index, numbers.Integral) and not isinstance(index, bool):
             prepared = self.prepare(data, batched=False)
             self.commit(normalize_int(int(index), self.capacity, "storage", "capacity"), prepared)
@@ -148,12 +161,14 @@ class Storage(Dataset[Any]):
 
     def clear(self) -> None:
         """Forget all items (the layout and the allocated memory are kept)."""
+        self._check_open()
         self._set_length(0)
         self._set_next(0)
 
     # --- two-phase writes ----------------------------------------------------------------
     def prepare(self, data: Any, batched: bool) -> Prepared:
         """Validate ``data`` against the layout (inferring it on the first write)."""
+        self._check_open()
         layout = self._current_layout()
         if batched and isinstance(data, (list, tuple)) and data and is_structured(data[0]):
             data = stack_items(data)
@@ -164,6 +179,7 @@ class Storage(Dataset[Any]):
 
     def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
         """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
+        self._check_open()
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)
         if isinstance(index, int):
