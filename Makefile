@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 EXTRAS ?= test,bench,docs
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: test demo bench docs lint typecheck venv clean
+.PHONY: test demo bench docs lint typecheck boundscheck venv clean
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -26,8 +26,18 @@ lint: venv
 typecheck: venv
 	$(PY) -m mypy
 
+# The numba kernels once more with numba's bounds checking on: an index a kernel could use out
+# of bounds raises IndexError here instead of reading or writing past a buffer. The on-disk
+# kernel cache ignores the flag, so this run compiles into a cache directory of its own.
+KERNEL_TESTS := tests/test_sumtree.py tests/test_prioritized.py tests/test_slice.py \
+	tests/test_hardening_samplers.py tests/test_arrow.py
+
+boundscheck: venv
+	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(VENV)/numba-boundscheck $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
+
 test: lint typecheck
 	$(PY) -m pytest
+	$(MAKE) --no-print-directory boundscheck
 
 demo: venv
 	$(PY) -m rbdata demo

@@ -9,7 +9,14 @@ from typing import Any
 import numpy as np
 import torch
 
-__all__ = ["IndexBatch", "as_index_tensor", "check_capacity", "normalize_int", "ring_runs"]
+__all__ = [
+    "IndexBatch",
+    "as_index_tensor",
+    "as_int_index",
+    "check_capacity",
+    "normalize_int",
+    "ring_runs",
+]
 
 
 def check_capacity(value: Any, name: str = "max_size") -> int:
@@ -36,32 +43,76 @@ def normalize_int(index: int, length: int, what: str = "storage", measure: str =
     raise IndexError(f"index {index} is out of range for a {what} of {measure} {length}")
 
 
-def _check_range_np(arr: np.ndarray, length: int, what: str, measure: str) -> np.ndarray:
+def as_int_index(index: Any) -> int | None:
+    """``index`` as an ``int`` if it is one integer, else ``None`` (a batch of indices).
+
+    An integer is a Python or numpy integer (not a ``bool``), or a 0-d integer tensor or
+    array: ``storage[torch.tensor(2)]`` is the item at 2, like ``storage[2]``.
+
+    Examples:
+        >>> as_int_index(3), as_int_index(np.int64(3)), as_int_index(torch.tensor(3))
+        (3, 3, 3)
+        >>> as_int_index([3]), as_int_index(torch.tensor([3])), as_int_index(True)
+        (None, None, None)
+    """
+    if type(index) is int:
+        return index
+    if isinstance(index, (torch.Tensor, np.ndarray)):
+        if index.ndim != 0 or index.dtype in (torch.bool, np.bool_):
+            return None
+        if isinstance(index, torch.Tensor):
+            if index.is_floating_point() or index.is_complex():
+                return None
+        elif index.dtype.kind not in "iu":
+            return None
+        return int(index.item())
+    if isinstance(index, numbers.Integral) and not isinstance(index, (bool, np.bool_)):
+        return int(index)
+    return None
+
+
+def _out_of_range(bad: int, length: int, what: str, measure: str, base: int) -> IndexError:
+    message = f"index {bad} is out of range for a {what} of {measure} {length}"
+    if base != length and bad < 0:
+        message += f" (negative indices count from the length, {base})"
+    return IndexError(message)
+
+
+def _check_range_np(arr: np.ndarray, length: int, what: str, measure: str, base: int) -> np.ndarray:
     if arr.size == 0:
         return arr.astype(np.int64, copy=False)
     lo, hi = int(arr.min()), int(arr.max())
-    if lo < -length or hi >= length:
+    if lo < -base or hi >= length:
         bad = hi if hi >= length else lo
-        raise IndexError(f"index {bad} is out of range for a {what} of {measure} {length}")
+        raise _out_of_range(bad, length, what, measure, base)
     arr = arr.astype(np.int64, copy=False)
     if lo < 0:
-        arr = np.where(arr < 0, arr + length, arr)
+        arr = np.where(arr < 0, arr + base, arr)
     return arr
 
 
 def as_index_tensor(
-    indices: Any, length: int, what: str = "storage", measure: str = "length"
+    indices: Any,
+    length: int,
+    what: str = "storage",
+    measure: str = "length",
+    negative_base: int | None = None,
 ) -> torch.Tensor:
     """Convert ints, lists, arrays or tensors of indices into a checked 1-D ``LongTensor``.
 
-    Negative indices count from ``length``; anything outside ``[-length, length)``
-    raises ``IndexError`` naming the first offending index and the length. Lists go
-    through numpy, which converts Python ints ~3x faster than ``torch.as_tensor``.
+    Negative indices count from ``length`` (or from ``negative_base``, e.g. a storage's
+    ``len`` where writes may reach its whole capacity); anything outside
+    ``[-base, length)`` raises ``IndexError`` naming the first offending index and the
+    length. Lists go through numpy, which converts Python ints ~3x faster than
+    ``torch.as_tensor``.
 
     Examples:
         >>> as_index_tensor([0, -1], 4)
         tensor([0, 3])
+        >>> as_index_tensor([5, -1], 8, negative_base=3)
+        tensor([5, 2])
     """
+    base = length if negative_base is None else negative_base
     if isinstance(indices, torch.Tensor):
         idx = indices
         if idx.dtype == torch.bool:
@@ -76,14 +127,17 @@ def as_index_tensor(
             return idx
         lo, hi = torch.aminmax(idx)
         lo_i, hi_i = int(lo), int(hi)
-        if lo_i < -length or hi_i >= length:
+        if lo_i < -base or hi_i >= length:
             bad = hi_i if hi_i >= length else lo_i
-            raise IndexError(f"index {bad} is out of range for a {what} of {measure} {length}")
-        return torch.where(idx < 0, idx + length, idx) if lo_i < 0 else idx
+            raise _out_of_range(bad, length, what, measure, base)
+        return torch.where(idx < 0, idx + base, idx) if lo_i < 0 else idx
     if isinstance(indices, slice):
         return torch.arange(*indices.indices(length))
     if isinstance(indices, numbers.Integral) and not isinstance(indices, bool):
-        return torch.tensor([normalize_int(int(indices), length, what, measure)])
+        i = int(indices)
+        if i < 0 and base != length:
+            return torch.tensor([normalize_int(i, base, what, "length")])
+        return torch.tensor([normalize_int(i, length, what, measure)])
     if isinstance(indices, np.ndarray):
         arr = indices
     elif isinstance(indices, Sequence) and not isinstance(indices, (str, bytes)):
@@ -97,7 +151,7 @@ def as_index_tensor(
         raise TypeError(f"indices must be an int, a sequence or a tensor, got {type(indices)}")
     if arr.dtype.kind not in "iu":
         raise TypeError(f"indices must be integers, got an array of dtype {arr.dtype}")
-    arr = _check_range_np(arr.reshape(-1), length, what, measure)
+    arr = _check_range_np(arr.reshape(-1), length, what, measure, base)
     return torch.from_numpy(np.ascontiguousarray(arr))
 
 

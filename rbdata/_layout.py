@@ -8,6 +8,7 @@ tensor, or a :class:`~tensordict.TensorDict` built once without re-validation.
 
 from __future__ import annotations
 
+import functools
 import math
 import numbers
 from collections.abc import Mapping, Sequence
@@ -19,6 +20,7 @@ import torch
 from tensordict import TensorDict, TensorDictBase
 
 __all__ = [
+    "EMPTY_BATCH",
     "RAGGED",
     "STRING",
     "TENSOR",
@@ -147,17 +149,68 @@ def flatten(data: Any) -> tuple[str, dict[Key, Any]]:
     )
 
 
+_CPU = torch.device("cpu")
+
+#: The error for an empty list of items where a batch was expected.
+EMPTY_BATCH = (
+    "data: an empty list has no items to write; pass a non-empty list of items, or a batch "
+    "(a tensor, TensorDict or dict of tensors with a leading batch dimension)"
+)
+
+
 def stack_items(items: Sequence[Any]) -> Any:
-    """Stack a list of unbatched items (tensors, TensorDicts or dicts) into one batch."""
+    """Stack a list of unbatched items (tensors, TensorDicts or dicts) into one batch.
+
+    Raises:
+        ValueError: for an empty list, or items whose keys or shapes differ (the error
+            names the first item and key that differ from item 0).
+        TypeError: for items that are not tensors, arrays, TensorDicts or dicts.
+    """
     if not items:
-        raise ValueError("cannot extend with an empty list of items")
+        raise ValueError(EMPTY_BATCH)
     first = items[0]
     if isinstance(first, (torch.Tensor, np.ndarray)):
-        return torch.stack([_to_tensor(x, "item") for x in items])
+        tensors = [_to_tensor(x, "item") for x in items]
+        try:
+            return torch.stack(tensors)
+        except RuntimeError:
+            _explain_items([{(): t} for t in tensors])
+            raise
     if isinstance(first, (TensorDictBase, Mapping)):
         tds = [x if isinstance(x, TensorDictBase) else TensorDict(x, []) for x in items]
-        return torch.stack(tds)  # type: ignore[arg-type]  # TensorDict implements stack
+        try:
+            return torch.stack(tds)  # type: ignore[arg-type]  # TensorDict implements stack
+        except (RuntimeError, ValueError, TypeError):
+            _explain_items([flatten(x)[1] for x in items])
+            raise
     raise TypeError(f"cannot stack items of type {type(first).__name__} into a batch")
+
+
+def _explain_items(items: Sequence[Mapping[Key, Any]]) -> None:
+    """Raise a ``ValueError`` naming the first item and key that differ from item 0, if any."""
+    keys = list(items[0])
+    for i, item in enumerate(items[1:], start=1):
+        missing = [k for k in keys if k not in item]
+        if missing:
+            raise ValueError(
+                f"item {i} of the list lacks key {key_names(missing)[1:-1]}: every item needs "
+                f"the keys of item 0, {key_names(keys)}"
+            )
+        unknown = [k for k in item if k not in items[0]]
+        if unknown:
+            raise ValueError(
+                f"item {i} of the list has key {key_names(unknown)[1:-1]} that item 0 lacks: "
+                f"every item needs the same keys, {key_names(keys)}"
+            )
+        for k in keys:
+            a, b = items[0][k], item[k]
+            shape_a, shape_b = tuple(getattr(a, "shape", ())), tuple(getattr(b, "shape", ()))
+            if shape_a != shape_b:
+                what = "item" if k == () else f"key {key_name(k)}"
+                raise ValueError(
+                    f"item {i} of the list: {what} has shape {shape_b}, item 0 has {shape_a}; "
+                    "items of a batch need equal shapes"
+                )
 
 
 def _is_jagged(value: Any) -> bool:
@@ -186,8 +239,19 @@ def _variable_leaf(key: Key, value: Any, batched: bool, ragged: bool) -> Leaf | 
     return Leaf(key, tuple(first.shape[1:]), first.dtype, RAGGED)
 
 
-def _split_variable(leaf: Leaf, value: Any, batched: bool, castable: Any) -> Any:
-    """Validate a string or ragged value: a list (batch) or one item, nothing copied."""
+def _split_variable(
+    leaf: Leaf,
+    value: Any,
+    batched: bool,
+    castable: Any,
+    device: torch.device | None = None,
+    densify: bool = True,
+) -> Any:
+    """Validate a string or ragged value: a list (batch) or one item.
+
+    Ragged items come back ready to write like fixed-shape leaves (see :func:`_convert`);
+    items that need no change are not copied.
+    """
     name = leaf.name
     if leaf.kind == STRING:
         items = value if batched else [value]
@@ -217,7 +281,143 @@ def _split_variable(leaf: Leaf, value: Any, batched: bool, castable: Any) -> Any
                 f"key {name}: expected dtype {leaf.dtype} (or one that casts safely to it), "
                 f"got {t.dtype}"
             )
+    items = [_convert(t, leaf, device, densify) for t in items]
     return items if batched else items[0]
+
+
+def _one_item_message(name: str, expected: tuple[int, ...], given: tuple[int, ...]) -> str:
+    """The error for a single item where a batch was expected (``extend(item)``)."""
+    return (
+        f"key {name}: expected a batch (a leading batch dimension, then the per-item shape "
+        f"{expected}), got shape {given}, which is one item: extend (and set at a slice or a "
+        "list of slots) takes a batch; use add (or set at an int slot) for one item, or add a "
+        "batch dimension (e.g. item.unsqueeze(0))"
+    )
+
+
+def _example(t: torch.Tensor) -> str:
+    """`` (e.g. value 2.5)`` for an error message: a non-integral value first, or ``""``."""
+    try:
+        flat = t.detach().reshape(-1)
+        if t.is_floating_point():
+            odd = flat[flat != flat.trunc()]
+            flat = odd if odd.numel() else flat
+        return f" (e.g. value {flat[0].item()!r})" if flat.numel() else ""
+    except (RuntimeError, NotImplementedError):  # meta, sparse, nested...
+        return ""
+
+
+def _int_bounds(t: torch.Tensor) -> tuple[int, int]:
+    try:
+        lo, hi = torch.aminmax(t)
+    except (RuntimeError, NotImplementedError):  # e.g. uint32 has no CPU aminmax kernel
+        arr = t.cpu().numpy()
+        return int(arr.min()), int(arr.max())
+    return int(lo), int(hi)
+
+
+@functools.cache
+def _range_of(dtype: torch.dtype) -> tuple[float, float]:
+    if dtype is torch.bool:
+        return 0, 1
+    if dtype.is_floating_point or dtype.is_complex:
+        info = torch.finfo(dtype)
+        return float(info.min), float(info.max)
+    iinfo = torch.iinfo(dtype)
+    return iinfo.min, iinfo.max
+
+
+@functools.cache
+def _cast_rule(given: torch.dtype, expected: torch.dtype) -> tuple[bool, bool]:
+    """Whether ``given`` casts safely to ``expected`` by kind, and whether values need a check.
+
+    Kinds follow :func:`torch.can_cast` (no float into an integer leaf, no complex into a real
+    one). Within an allowed kind the values are checked only where the given dtype's range
+    exceeds the leaf's: integers against the leaf's integer range, and casts into a float
+    leaf for values that would become ``inf``.
+    """
+    if not torch.can_cast(given, expected):
+        return False, False
+    lo, hi = _range_of(given)
+    lo_e, hi_e = _range_of(expected)
+    return True, lo < lo_e or hi > hi_e
+
+
+def _float_overflow(t: torch.Tensor, expected: torch.dtype, leaf: Leaf) -> None:
+    """Refuse finite values of ``t`` that become ``inf`` in the float dtype ``expected``."""
+    if not (t.is_complex() or expected.is_complex):
+        top = _range_of(expected)[1]
+        lo, hi = torch.aminmax(t)
+        if -top <= float(lo) and float(hi) <= top:  # (NaN fails both: checked below)
+            return
+    bad = t.to(expected).isinf()
+    if t.is_floating_point() or t.is_complex():
+        bad &= ~t.isinf()
+    if bool(bad.any()):
+        value = t[bad][0].item()
+        raise ValueError(
+            f"key {leaf.name}: value {value!r} does not fit dtype {expected} (it would "
+            f"become inf); given dtype {t.dtype}"
+        )
+
+
+def _check_values(t: torch.Tensor, leaf: Leaf) -> None:
+    """Refuse values of ``t`` that a cast to the leaf's dtype would change beyond rounding.
+
+    Integers must lie in an integer leaf's range (so no negative into an unsigned leaf);
+    values cast into a float leaf must stay finite. Vectorised: one ``aminmax`` per leaf.
+    """
+    if not t.numel():
+        return
+    expected = leaf.dtype
+    if expected.is_floating_point or expected.is_complex:
+        _float_overflow(t, expected, leaf)
+        return
+    lo, hi = _int_bounds(t)
+    lo_e, hi_e = _range_of(expected)
+    if lo < lo_e or hi > hi_e:
+        value = lo if lo < lo_e else hi
+        raise ValueError(
+            f"key {leaf.name}: value {value} is out of range for dtype {expected} "
+            f"[{int(lo_e)}, {int(hi_e)}]; given dtype {t.dtype}"
+        )
+
+
+def _convert(
+    t: torch.Tensor,
+    leaf: Leaf,
+    device: torch.device | None,
+    densify: bool,
+) -> torch.Tensor:
+    """The slow path of :meth:`Layout.split` for one leaf: whatever the write needs changed.
+
+    Returns a detached, dense (strided) tensor on ``device`` (if given) whose values the
+    leaf's dtype keeps (up to float rounding), or raises before anything is written. The
+    dtype itself may still differ: storages cast while they copy (``copy_`` fuses the cast;
+    a separate cast here would cost a copy of the batch), which cannot fail once the
+    values were checked.
+    """
+    if t.is_nested:
+        raise TypeError(
+            f"key {leaf.name}: a nested tensor cannot be stored in a fixed-shape key; "
+            "ArrowStorage keeps variable-length (ragged) keys"
+        )
+    if t.is_meta:
+        raise TypeError(f"key {leaf.name}: a tensor on the 'meta' device has no data to store")
+    if t.layout is not torch.strided:
+        if not densify:
+            raise TypeError(
+                f"key {leaf.name}: a tensor of layout {t.layout} cannot be stored here (its "
+                "batches could not be stacked); pass a dense tensor (e.g. t.to_dense())"
+            )
+        t = t.to_dense()
+    if t.requires_grad:
+        t = t.detach()  # never attach the storage to the caller's autograd graph
+    if t.dtype is not leaf.dtype and _cast_rule(t.dtype, leaf.dtype)[1]:
+        _check_values(t, leaf)
+    if device is not None and t.device != device:
+        t = t.to(device, leaf.dtype)  # cast on the way: fewer bytes to move
+    return t
 
 
 class Layout:
@@ -239,7 +439,10 @@ class Layout:
         self.kind = kind
         self.leaves: tuple[Leaf, ...] = tuple(leaves)
         self.keys: tuple[Key, ...] = tuple(leaf.key for leaf in self.leaves)
-        self._cast_ok: dict[tuple[torch.dtype, torch.dtype], bool] = {}
+        # what split reads per leaf, unpacked once (attribute reads cost on the per-step path)
+        self._specs = tuple(
+            (leaf, leaf.key, leaf.kind == TENSOR, leaf.shape, leaf.dtype) for leaf in self.leaves
+        )
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Layout) and self.kind == other.kind and self.leaves == other.leaves
@@ -284,7 +487,8 @@ class Layout:
             t = _to_tensor(value, name)
             if batched and t.dim() == 0:
                 raise ValueError(
-                    f"key {name}: a batch needs a leading batch dimension, got a scalar"
+                    f"key {name}: a batch needs a leading batch dimension, got a scalar "
+                    "(extend takes a batch; use add for one item)"
                 )
             shape = tuple(t.shape[1:] if batched else t.shape)
             leaves.append(Leaf(key, shape, t.dtype))
@@ -322,16 +526,40 @@ class Layout:
 
     # --- validation ----------------------------------------------------------------------
     def _castable(self, given: torch.dtype, expected: torch.dtype) -> bool:
-        ok = self._cast_ok.get((given, expected))
-        if ok is None:
-            ok = self._cast_ok[(given, expected)] = torch.can_cast(given, expected)
-        return ok
+        return _cast_rule(given, expected)[0]
 
-    def split(self, data: Any, batched: bool) -> tuple[list[torch.Tensor], int]:
+    def split(
+        self,
+        data: Any,
+        batched: bool,
+        device: torch.device | None = None,
+        densify: bool = True,
+    ) -> tuple[list[torch.Tensor], int]:
         """Validate ``data`` against the layout; return its leaves in layout order and its size.
 
-        Raises ``ValueError`` for a missing/unknown key or a wrong shape and
-        ``TypeError`` for a dtype that cannot be cast safely; nothing is written.
+        Everything that can fail happens here, before a storage writes anything: the
+        fixed-shape leaves come back ready to copy — detached from autograd, dense, on
+        ``device`` (when given), with values the leaf's dtype keeps (a storage casts while
+        it copies, which cannot fail then). A leaf whose dtype, layout, device and
+        ``requires_grad`` already match is returned as it is: the per-step path pays a few
+        attribute reads, and narrowing casts are checked (one ``aminmax`` per leaf) only
+        where the dtypes differ.
+
+        Args:
+            data: a batch (``batched``) or one item, structured like the first write.
+            batched: whether ``data`` has a leading batch dimension.
+            device: where fixed-shape leaves must end up (``None``: leave them where they are).
+            densify: turn sparse leaves dense (``True``) or refuse them (``False``, for a
+                storage that keeps the given tensors and stacks them on reads).
+
+        Raises:
+            ValueError: a missing/unknown key, a wrong shape (a single item where a batch
+                was expected says so), or a value the cast to the leaf's dtype would not
+                keep (out of an integer leaf's range, negative into an unsigned leaf, a
+                finite value that becomes ``inf``); the error names the key, the dtypes
+                and the value.
+            TypeError: a dtype of another kind (a float into an integer leaf), a nested,
+                ``meta`` or (with ``densify=False``) sparse tensor.
         """
         kind, flat = flatten(data)
         if kind != self.kind:
@@ -339,15 +567,17 @@ class Layout:
             raise ValueError(f"data: expected {expected} like the first write, got {kind}")
         tensors: list[torch.Tensor] = []
         n = -1
-        for leaf in self.leaves:
+        strided = torch.strided
+        on_cpu = device == _CPU  # (not device.type: that property costs ~0.2 us)
+        for leaf, key, fixed, leaf_shape, dtype in self._specs:
             try:
-                value = flat.pop(leaf.key)
+                value = flat.pop(key)
             except KeyError:
                 raise ValueError(
                     f"missing key {leaf.name}: expected keys {key_names(self.keys)}"
                 ) from None
-            if leaf.kind != TENSOR:
-                items = _split_variable(leaf, value, batched, self._castable)
+            if not fixed:
+                items = _split_variable(leaf, value, batched, self._castable, device, densify)
                 if batched:
                     if n < 0:
                         n = len(items)
@@ -359,9 +589,15 @@ class Layout:
                 tensors.append(items)  # a list: a variable-length leaf
                 continue
             t = value if type(value) is torch.Tensor else _to_tensor(value, leaf.name)
-            shape = t.shape
+            try:
+                shape = t.shape
+            except RuntimeError:  # a strided nested tensor has no shape
+                _convert(t, leaf, device, densify)
+                raise
             if batched:
                 if not shape:
+                    if not leaf_shape:
+                        raise ValueError(_one_item_message(leaf.name, leaf_shape, ()))
                     raise ValueError(f"key {leaf.name}: expected a batch, got a scalar")
                 item_shape = shape[1:]
                 if n < 0:
@@ -373,22 +609,35 @@ class Layout:
                     )
             else:
                 item_shape = shape
-            if item_shape != leaf.shape:
+            if item_shape != leaf_shape:
+                if batched and tuple(shape) == leaf_shape:
+                    raise ValueError(_one_item_message(leaf.name, leaf_shape, tuple(shape)))
                 raise ValueError(
-                    f"key {leaf.name}: expected per-item shape {tuple(leaf.shape)}, "
+                    f"key {leaf.name}: expected per-item shape {tuple(leaf_shape)}, "
                     f"got {tuple(item_shape)}"
                 )
-            if t.dtype is not leaf.dtype and not self._castable(t.dtype, leaf.dtype):
-                raise TypeError(
-                    f"key {leaf.name}: expected dtype {leaf.dtype} (or one that casts safely "
-                    f"to it), got {t.dtype}"
-                )
+            if t.dtype is not dtype:
+                if not self._castable(t.dtype, dtype):
+                    raise TypeError(
+                        f"key {leaf.name}: expected dtype {dtype} (or one that casts "
+                        f"safely to it), got {t.dtype}{_example(t)}"
+                    )
+                t = _convert(t, leaf, device, densify)
+            elif (
+                t.requires_grad
+                or t.layout is not strided
+                or (not t.is_cpu if on_cpu else t.is_meta if device is None else t.device != device)
+            ):
+                t = _convert(t, leaf, device, densify)
             tensors.append(t)
         if flat:
             raise ValueError(
                 f"unknown key {key_names(tuple(flat))[1:-1]}: expected keys {key_names(self.keys)}"
             )
-        if isinstance(data, TensorDictBase) and batched and data.batch_dims:
+        tensordict = type(data) is TensorDict or (
+            type(data) is not dict and isinstance(data, TensorDictBase)
+        )
+        if batched and tensordict and data.batch_dims:
             n = data.batch_size[0]
         return tensors, (n if batched else 1)
 

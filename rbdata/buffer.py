@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -58,6 +59,19 @@ class ReplayBuffer:
     ) -> None:
         if not isinstance(storage, Storage):
             raise TypeError(f"storage must be an rbdata Storage, got {type(storage).__name__}")
+        # every argument is checked before the sampler is bound to the storage
+        if writer is None:
+            writer = RoundRobinWriter()
+        elif not isinstance(writer, Writer) and not (
+            callable(getattr(writer, "add", None)) and callable(getattr(writer, "extend", None))
+        ):
+            raise TypeError(
+                "writer must be an rbdata Writer (or have add(storage, item) and "
+                f"extend(storage, data) methods), got {type(writer).__name__}"
+            )
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        batch_size = None if batch_size is None else check_batch_size(batch_size)
         if sampler is None:
             sampler = UniformSampler(storage)
         elif not callable(getattr(sampler, "sample", None)):
@@ -70,9 +84,9 @@ class ReplayBuffer:
             sampler.data_source = storage
         self.storage = storage
         self.sampler = sampler
-        self.writer = RoundRobinWriter() if writer is None else writer
+        self.writer = writer
         self.transform = transform
-        self.batch_size = None if batch_size is None else check_batch_size(batch_size)
+        self.batch_size = batch_size
         # rbdata's samplers draw in-range indices by construction: skip the range check.
         self._trusted = isinstance(sampler, Sampler) and sampler.data_source is storage
         self._update_priority = getattr(sampler, "update_priority", None)
@@ -80,6 +94,13 @@ class ReplayBuffer:
         self._hooked = (
             isinstance(sampler, Sampler) and type(sampler).on_write is not Sampler.on_write
         )
+        # samplers that validate writes are asked before the write (the writer calls
+        # check_write between choosing the slots and writing); a writer without a ``check``
+        # parameter gets the check after its write, as the only thing it allows
+        checked = self._hooked and type(sampler).check_write is not Sampler.check_write
+        self._check = sampler.check_write if checked else None
+        self._pre_add = checked and _takes_check(writer.add)
+        self._pre_extend = checked and _takes_check(writer.extend)
 
     def __len__(self) -> int:
         return len(self.storage)
@@ -95,14 +116,34 @@ class ReplayBuffer:
 
         The slot is -1 if the writer dropped the item (:class:`~rbdata.writers.MaxValueWriter`).
         """
-        index = self.writer.add(self.storage, item)
+        check = self._check
+        if check is None:
+            index = self.writer.add(self.storage, item)
+        elif self._pre_add:  # checked before anything is written
+            index = self.writer.add(self.storage, item, check=check)
+        else:
+            index = self.writer.add(self.storage, item)
+            if index >= 0:
+                check(index, item)
         if self._hooked and index >= 0:  # -1: a writer (MaxValueWriter) dropped the item
             self.sampler.on_write(index, item)
         return index
 
     def extend(self, data: Any) -> torch.Tensor:
-        """Add a batch (leading dimension = items); return the slots as a ``LongTensor``."""
-        index = self.writer.extend(self.storage, data)
+        """Add a batch (leading dimension = items); return the slots as a ``LongTensor``.
+
+        Everything is validated before anything is written, the sampler's
+        :meth:`~rbdata.samplers.Sampler.check_write` included: a batch that raises leaves the
+        storage, the writer and the sampler as they were.
+        """
+        check = self._check
+        if check is None:
+            index = self.writer.extend(self.storage, data)
+        elif self._pre_extend:  # checked before anything is written
+            index = self.writer.extend(self.storage, data, check=check)
+        else:
+            index = self.writer.extend(self.storage, data)
+            check(index, data)
         if self._hooked:
             self.sampler.on_write(index, data)
         return index
@@ -206,22 +247,32 @@ class ReplayBuffer:
 
     @classmethod
     def loads(
-        cls, path: str | os.PathLike[str], transform: Callable[[Any], Any] | None = None
+        cls,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        verify: bool = False,
     ) -> ReplayBuffer:
         """Rebuild a buffer from checkpoint directory ``path``, without constructing one first.
 
         Memory-mapped data is mapped copy-on-write, not read: loading is fast whatever the
         size, and writes made afterwards stay in this process (the checkpoint never
-        changes). Sampling continues exactly where the saved buffer was.
+        changes). Sampling continues exactly where the saved buffer was. Every field of the
+        metadata, every file name and size is checked before anything is built.
 
         Args:
             path: a directory written by :meth:`dumps`.
             transform: the transform of the new buffer (transforms are not saved).
+            verify: check every file against the CRC-32 that :meth:`dumps` recorded (reads
+                every byte once). ``False`` (default) keeps loading lazy.
 
         Raises:
-            rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint.
+            rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint,
+                naming the file and the field; with ``verify=True`` also for a file whose
+                bytes changed, and for a checkpoint written without checksums (by an rbdata
+                older than ``verify``; load it with ``verify=False``).
         """
-        storage, sampler, writer, batch_size = checkpoint.load(path)
+        storage, sampler, writer, batch_size = checkpoint.load(path, verify=verify)
         return cls(storage, sampler, writer, transform=transform, batch_size=batch_size)
 
     def load(self, path: str | os.PathLike[str]) -> None:
@@ -273,6 +324,17 @@ class ReplayBuffer:
                 close()
         self.sampler.load_state_dict(parts[1].state_dict())
         self.writer.load_state_dict(parts[2].state_dict())
+
+
+def _takes_check(method: Any) -> bool:
+    """Whether a writer method accepts ``check=`` (custom writers may predate it)."""
+    try:
+        parameters = inspect.signature(method).parameters
+    except (TypeError, ValueError):
+        return False
+    return "check" in parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
+    )
 
 
 def _check_same(kind: str, theirs: Any, own: Any, source: str) -> None:

@@ -19,17 +19,14 @@ import contextlib
 import os
 import random
 import re
-import select
 import signal
-import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
 
 import numpy as np
 import torch
+from _zygote import TIMEOUT, Zygote
 
 from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
 from rbdata.errors import CheckpointError
@@ -46,7 +43,6 @@ FIRST_DUMP_WINDOW = 0.04  # seconds after "ready": the first fill + dumps take a
 BLIND_WINDOW = 0.3  # seconds after "done 1": several generations
 AIMED_WINDOW = 1.2  # times the previous dumps's duration, after "start g"
 MIN_INSIDE_DUMPS = 5
-TIMEOUT = 60.0  # any single wait (the zygote's imports on a loaded 2-core machine included)
 
 ZYGOTE = r"""
 import os, sys, tempfile, time, traceback
@@ -103,92 +99,7 @@ with tempfile.TemporaryDirectory() as tmp:  # warm-up: numba kernels, tensordict
     warm.storage.close()
     del warm
 
-print("zygote ready", flush=True)
-for line in sys.stdin:
-    cmd, *args = line.split()
-    if cmd == "run":
-        root, seed = Path(args[0]), int(args[1])
-        pid = os.fork()
-        if pid == 0:
-            code = 1
-            try:
-                devnull = os.open(os.devnull, os.O_RDWR)
-                os.dup2(devnull, 0)
-                os.dup2(devnull, 1)
-                log = os.open(root / "log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-                try:
-                    work(root, seed, log)
-                except BaseException:
-                    os.write(log, traceback.format_exc().encode())
-            finally:
-                os._exit(code)
-        print(pid, flush=True)
-    elif cmd == "reap":
-        _, status = os.waitpid(int(args[0]), 0)
-        print(status, flush=True)
 """
-
-
-class Zygote:
-    """The forking server: ``run`` starts a worker, ``reap`` collects its exit status."""
-
-    def __init__(self, tmp: Path) -> None:
-        self._stderr: IO[bytes] = open(tmp / "zygote.stderr", "wb")  # noqa: SIM115
-        self._stderr_path = tmp / "zygote.stderr"
-        argv = [str(v) for v in (N, FEATURES, ALPHA, BETA, EPS)]
-        self.proc = subprocess.Popen(
-            [sys.executable, "-c", ZYGOTE, *argv],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            stderr=self._stderr,
-            bufsize=0,
-        )
-        self.live: set[int] = set()
-        assert self._readline() == "zygote ready"
-
-    def _readline(self) -> str:
-        out = self.proc.stdout
-        assert out is not None
-        ready, _, _ = select.select([out], [], [], TIMEOUT)
-        line = out.readline().decode() if ready else ""
-        if not line.endswith("\n"):
-            self._stderr.flush()
-            err = self._stderr_path.read_text(errors="replace")[-4000:]
-            raise AssertionError(f"the zygote did not answer (exit {self.proc.poll()}):\n{err}")
-        return line.strip()
-
-    def _ask(self, line: str) -> str:
-        assert self.proc.stdin is not None
-        self.proc.stdin.write((line + "\n").encode())
-        self.proc.stdin.flush()
-        return self._readline()
-
-    def run(self, root: Path, seed: int) -> int:
-        pid = int(self._ask(f"run {root} {seed}"))
-        self.live.add(pid)
-        return pid
-
-    def reap(self, pid: int) -> int:
-        status = int(self._ask(f"reap {pid}"))
-        self.live.discard(pid)
-        return status
-
-    def close(self) -> None:
-        for pid in self.live:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-        self.live.clear()
-        try:
-            if self.proc.stdin is not None:
-                self.proc.stdin.close()  # the zygote's loop ends
-            self.proc.wait(timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            self.proc.kill()
-            self.proc.wait(timeout=10)
-        finally:
-            if self.proc.stdout is not None:
-                self.proc.stdout.close()
-            self._stderr.close()
 
 
 def read_log(root: Path) -> list[str]:
@@ -345,7 +256,7 @@ def run_trial(zygote: Zygote, root: Path, trial: int, rng: random.Random) -> Out
 def test_sigkill_during_dumps_leaves_a_complete_checkpoint(tmp_path: Path) -> None:
     rng = random.Random(20240611)
     start = time.monotonic()
-    zygote = Zygote(tmp_path)
+    zygote = Zygote(tmp_path, ZYGOTE, (N, FEATURES, ALPHA, BETA, EPS))
     try:
         results = [
             run_trial(zygote, tmp_path / f"trial-{trial:02d}", trial, rng)

@@ -8,7 +8,7 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rbdata._index import as_index_tensor, normalize_int, ring_runs
+from rbdata._index import as_index_tensor, as_int_index, normalize_int, ring_runs
 from rbdata._layout import Layout
 
 
@@ -73,3 +73,31 @@ def test_layout_errors_name_the_key() -> None:
         layout.split({"a": np.array(["x"] * 4), "b": torch.zeros(4)}, batched=True)
     with pytest.raises(ValueError, match="key 'a': a batch needs a leading batch dimension"):
         Layout.from_data({"a": torch.tensor(1.0)}, batched=True)
+
+
+@given(length=st.integers(0, 20), spare=st.integers(0, 20), data=st.data())
+def test_write_indices_count_negatives_from_len_like_python(
+    length: int, spare: int, data: st.DataObject
+) -> None:
+    # slots of a storage holding ``length`` items in ``length + spare`` slots: non-negative
+    # up to the capacity, negative from ``length`` (what a Python list of the items does)
+    capacity = max(1, length + spare)
+    idx = data.draw(st.lists(st.integers(-length - 3, capacity + 2), max_size=12))
+    items = list(range(length))
+    valid = all(-length <= i < capacity for i in idx)
+    for form in (idx, torch.tensor(idx, dtype=torch.long), np.array(idx, dtype=np.int64)):
+        if valid:
+            got = as_index_tensor(form, capacity, negative_base=length).tolist()
+            assert got == [items[i] if i < 0 else i for i in idx]
+        else:
+            with pytest.raises(IndexError, match="out of range"):
+                as_index_tensor(form, capacity, negative_base=length)
+
+
+def test_as_int_index_takes_integer_scalars_only() -> None:
+    for scalar in (2, np.int32(2), np.uint8(2), torch.tensor(2), np.array(2, dtype=np.int16)):
+        assert as_int_index(scalar) == 2 and type(as_int_index(scalar)) is int
+    for batch in ([2], (2,), torch.tensor([2]), np.array([2]), slice(2, 3)):
+        assert as_int_index(batch) is None
+    for other in (True, np.bool_(True), torch.tensor(True), torch.tensor(2.0), np.float64(2)):
+        assert as_int_index(other) is None

@@ -6,13 +6,11 @@ import gc
 import json
 import os
 import pickle
-import subprocess
-import sys
-import textwrap
 from pathlib import Path
 
 import pytest
 import torch
+from _child import run_child
 from contracts import assert_rows_are, ring_model, transitions
 from torch.utils.data import DataLoader
 
@@ -99,22 +97,12 @@ def test_pickle_sends_the_path_not_the_data() -> None:
     storage.close()
 
 
-def _run(code: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
-
-
 def test_writes_in_child_process_visible_in_parent(tmp_path: Path) -> None:
     storage = MemmapStorage(50)
     storage.set(slice(0, 10), transitions(10))
     blob = tmp_path / "storage.pkl"
     blob.write_bytes(pickle.dumps(storage))
-    result = _run(
+    result = run_child(
         f"""
         import pickle, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
@@ -132,7 +120,7 @@ def test_writes_in_child_process_visible_in_parent(tmp_path: Path) -> None:
 
 def test_extends_that_returned_survive_a_killed_writer(tmp_path: Path) -> None:
     path = tmp_path / "rb"
-    result = _run(
+    result = run_child(
         f"""
         import os, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
@@ -169,7 +157,7 @@ def test_first_write_in_child_is_seen_by_parent(tmp_path: Path) -> None:
     storage = MemmapStorage(20, path=tmp_path / "rb")
     blob = tmp_path / "storage.pkl"
     blob.write_bytes(pickle.dumps(storage))
-    result = _run(
+    result = run_child(
         f"""
         import pickle, torch
         storage = pickle.loads(open({str(blob)!r}, "rb").read())

@@ -179,6 +179,8 @@ def test_fused_kernels_match_the_reference(
             capacity,
             eps,
             alpha,
+            float(torch.finfo(dtype).max),
+            _sumtree.largest_base(float(torch.finfo(dtype).max), alpha),
         )
         assert code == 0 and top == float(prio.max())
         _sumtree.set_priorities_reference(ref[0], ref[1], idx, prio, eps, alpha)

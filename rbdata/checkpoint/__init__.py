@@ -13,19 +13,24 @@ classes are looked up in a registry of known classes, never imported by name.
 
 from __future__ import annotations
 
+import contextlib
 import shutil
 from pathlib import Path
 from typing import Any, TypeVar
 
 from rbdata.checkpoint._atomic import fsync_dir, live_dir, new_staging, publish
-from rbdata.checkpoint._codec import decode, encode, read_tensors, write_tensors
+from rbdata.checkpoint._checksum import ALGORITHM
+from rbdata.checkpoint._checksum import verify as verify_files
+from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
 from rbdata.checkpoint._storages import (
+    check_storage,
     copy_storage,
     dump_storage,
     restore_storage,
     storage_from_state,
     storage_state,
 )
+from rbdata.checkpoint._validate import check_component, read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers import (
     PrioritizedSampler,
@@ -33,9 +38,9 @@ from rbdata.samplers import (
     SliceSampler,
     UniformSampler,
 )
-from rbdata.samplers.base import Sampler, check_batch_size
+from rbdata.samplers.base import Sampler
 from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
-from rbdata.storages._files import atomic_write_json, read_meta
+from rbdata.storages._files import atomic_write_json
 from rbdata.storages.base import Storage
 from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 from rbdata.writers.base import Writer
@@ -139,6 +144,7 @@ def _class_name(obj: Any, kind: str) -> str:
 def _build(cls: type, config: Any, state: Any, kind: str, storage: Storage) -> Any:
     if not isinstance(config, dict):
         raise CheckpointError(f"{kind}: the config must be a dict, got {type(config).__name__}")
+    check_component(cls, config, state, kind, storage.capacity)
     # a sampler is bound before its state is loaded: the state is checked against the data
     obj = cls(**config, data_source=storage) if kind == "sampler" else cls(**config)
     obj.load_state_dict(state)
@@ -175,6 +181,8 @@ def dump(
 ) -> Path:
     """Write a checkpoint of the components to directory ``path``, atomically.
 
+    Every file's CRC-32 is recorded in ``checkpoint.json``, computed while the file is
+    written (see :mod:`rbdata.checkpoint._checksum`); ``load(..., verify=True)`` checks them.
     Returns the live subdirectory. See :meth:`rbdata.ReplayBuffer.dumps`.
     """
     root = Path(path)
@@ -191,12 +199,14 @@ def dump(
     name = _class_name(storage, "storage")
     staging = new_staging(root)
     try:
+        state, sums = dump_storage(storage, staging, tensors, fsync)
         meta["storage"] = {
             "class": name,
             "config": encode(storage.config(), tensors, "storage config"),
-            "state": dump_storage(storage, staging, tensors, fsync),
+            "state": state,
         }
-        meta["tensors"] = write_tensors(staging / _TENSORS, tensors, fsync)
+        meta["tensors"], sums[_TENSORS] = write_tensors(staging / _TENSORS, tensors, fsync)
+        meta["checksums"] = {"algorithm": ALGORITHM, "files": sums}
         atomic_write_json(staging / _META, meta, fsync)
         fsync_dir(staging, fsync)
     except BaseException:
@@ -212,42 +222,74 @@ def dump(
         raise
 
 
-def load(path: Any) -> Components:
+def load(path: Any, verify: bool = False) -> Components:
     """Rebuild the components saved in checkpoint directory ``path`` (lazily for the data).
+
+    Everything the metadata says is checked before anything is built: field types and
+    ranges, file names (plain names inside the checkpoint; symlinks refused), file sizes
+    against the metadata, and component sizes against the data actually present.
+
+    Args:
+        path: the checkpoint directory.
+        verify: also check every file against the checksum recorded by :func:`dump`
+            (reads every byte once; default ``False`` keeps loading lazy).
 
     Raises:
         FileNotFoundError: if ``path`` is not a directory.
-        CheckpointError: if the checkpoint is incomplete, tampered with, of another format
-            version, or names an unknown class.
+        CheckpointError: if the checkpoint is incomplete, tampered with, corrupt (with
+            ``verify``), of another format version, or names an unknown class; the message
+            names the file and the field. With ``verify=True``, also for a checkpoint
+            written without checksums (by an older rbdata).
     """
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {str(root)!r}")
     live = live_dir(root)
+    meta = read_checkpoint_meta(live / _META, _FORMAT, FORMAT_VERSION)
+    kinds = ("storage", "sampler", "writer")
+    classes = {kind: component_class(meta[kind]["class"], kind) for kind in kinds}
+    storage_meta = meta["storage"]
     try:
-        meta = read_meta(live, _META, _FORMAT, FORMAT_VERSION, "rbdata checkpoint")
-    except (OSError, ValueError) as err:
-        raise CheckpointError(str(err)) from err
-    try:
+        plan = check_storage(
+            classes["storage"], storage_meta["config"], storage_meta["state"], live
+        )
+        check_table(live / _TENSORS, meta["tensors"])
+        if verify:
+            verify_files(live, meta, live / _META)
         tensors = read_tensors(live / _TENSORS, meta["tensors"])
-        parts: dict[str, Any] = {}
-        for kind in ("storage", "sampler", "writer"):
-            entry = meta[kind]
-            cls = component_class(entry["class"], kind)
-            config = decode(entry["config"], tensors, f"{kind} config")
-            if kind == "storage":
-                parts[kind] = restore_storage(cls, config, entry["state"], live, tensors)
-            else:
-                state = decode(entry["state"], tensors, f"{kind} state")
-                parts[kind] = _build(cls, config, state, kind, parts["storage"])
-        batch_size = meta["batch_size"]
-        if batch_size is not None:
-            check_batch_size(batch_size)
+        decoded = {
+            kind: (
+                decode(meta[kind]["config"], tensors, f"{kind} config"),
+                decode(meta[kind]["state"], tensors, f"{kind} state"),
+            )
+            for kind in ("sampler", "writer")
+        }
+        for kind, (config, state) in decoded.items():  # before the storage maps or copies
+            check_component(classes[kind], config, state, kind, plan[0], str(live / _META))
+        config = decode(storage_meta["config"], tensors, "storage config")
+        storage = restore_storage(
+            classes["storage"], config, storage_meta["state"], live, tensors, plan
+        )
+        parts: dict[str, Any] = {"storage": storage}
+        try:
+            for kind, (config, state) in decoded.items():
+                parts[kind] = _build(classes[kind], config, state, kind, storage)
+        except BaseException:
+            _close(storage)
+            raise
     except CheckpointError:
         raise
     except (*_INVALID, OSError) as err:
         raise _wrap(str(live), err) from err
-    return parts["storage"], parts["sampler"], parts["writer"], batch_size
+    return parts["storage"], parts["sampler"], parts["writer"], meta["batch_size"]
+
+
+def _close(storage: Storage) -> None:
+    """Release a storage built for a load that then failed (its private copy, its maps)."""
+    close = getattr(storage, "close", None)
+    if close is not None:
+        with contextlib.suppress(Exception):
+            close()
 
 
 # --- state dicts ---------------------------------------------------------------------------------

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 from rbdata.errors import CheckpointError
+from rbdata.storages._files import open_nofollow
 
 __all__ = ["CURRENT", "fsync_dir", "live_dir", "new_staging", "publish"]
 
@@ -97,17 +98,26 @@ def publish(path: Path, staging: Path, fsync: bool = True) -> Path:
 
 
 def live_dir(path: Path) -> Path:
-    """The live checkpoint directory of ``path`` (named by its ``CURRENT`` file)."""
+    """The live checkpoint directory of ``path`` (named by its ``CURRENT`` file).
+
+    Neither ``CURRENT`` nor the live directory may be a symlink: a checkpoint never reaches
+    outside ``path``.
+    """
     pointer = path / CURRENT
+    if pointer.is_symlink():
+        raise CheckpointError(f"{pointer}: a symlink; checkpoint files may not be symlinks")
     if not pointer.is_file():
         raise CheckpointError(f"{str(path)!r} is not an rbdata checkpoint: no {CURRENT} file")
     try:
-        name = pointer.read_text(encoding="utf-8").strip()
-    except UnicodeDecodeError as err:
+        with open_nofollow(pointer, "rb") as f:
+            name = f.read(256).decode("utf-8").strip()
+    except (OSError, ValueError) as err:  # UnicodeDecodeError is a ValueError
         raise CheckpointError(f"{pointer}: corrupt ({err})") from err
     if not _LIVE_NAME.fullmatch(name):
         raise CheckpointError(f"{pointer}: names {name[:80]!r}, not a checkpoint subdirectory")
     live = path / name
+    if live.is_symlink():
+        raise CheckpointError(f"{live}: a symlink; checkpoint directories may not be symlinks")
     if not live.is_dir():
         raise CheckpointError(f"{pointer}: names {name!r}, which is missing")
     return live

@@ -11,8 +11,10 @@ run code when reading.
 
 from __future__ import annotations
 
+import math
 import numbers
 import os
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -20,9 +22,20 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rbdata.checkpoint._checksum import entry
+from rbdata.checkpoint._validate import check_int, get, get_list, plain_file
 from rbdata.errors import CheckpointError
+from rbdata.storages._files import open_nofollow
 
-__all__ = ["MARK", "decode", "dtype_from_name", "encode", "read_tensors", "write_tensors"]
+__all__ = [
+    "MARK",
+    "check_table",
+    "decode",
+    "dtype_from_name",
+    "encode",
+    "read_tensors",
+    "write_tensors",
+]
 
 #: the key that marks a non-JSON value in an encoded state
 MARK = "$rb"
@@ -135,53 +148,76 @@ def _raw_bytes(t: torch.Tensor) -> np.ndarray:
 
 def write_tensors(
     file: Path, tensors: list[torch.Tensor], fsync: bool = True
-) -> list[dict[str, Any]]:
-    """Write ``tensors`` back to back (64-byte aligned) to ``file``; return the table."""
+) -> tuple[list[dict[str, Any]], dict[str, int]]:
+    """Write ``tensors`` back to back (64-byte aligned) to ``file``.
+
+    Returns the table (dtype, shape, byte offset of each tensor) and the file's checksum
+    entry, computed over the bytes as they are written.
+    """
     table = []
-    offset = 0
+    offset = crc = 0
     with open(file, "wb") as f:
         for t in tensors:
             raw = _raw_bytes(t)
             pad = -offset % _ALIGN
             if pad:
                 f.write(b"\0" * pad)
+                crc = zlib.crc32(b"\0" * pad, crc)
                 offset += pad
             f.write(raw.data)
+            crc = zlib.crc32(raw.data, crc)
             table.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset})
             offset += raw.nbytes
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    return table
+    return table, entry(offset, offset, crc)
+
+
+def check_table(file: Path, table: Any) -> list[tuple[torch.dtype, list[int], int, int]]:
+    """Check a tensor table against the size of ``file``; nothing is read or allocated.
+
+    Returns ``(dtype, shape, offset, nbytes)`` per tensor.
+    """
+    if not isinstance(table, list):
+        raise CheckpointError(f"{file}: the tensor table is not a list")
+    size = plain_file(file, "tensor table").st_size
+    out = []
+    for k, item in enumerate(table):
+        where = f"tensors[{k}]"
+        name = get(item, "dtype", file, where)
+        dtype = dtype_from_name(name)
+        dims = get_list(item, "shape", file, where)
+        shape = [check_int(s, file, f"{where}.shape", low=-1) for s in dims]
+        offset = check_int(get(item, "offset", file, where), file, f"{where}.offset", low=-1)
+        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
+        if min(shape, default=0) < 0 or offset < 0 or offset % _ALIGN or offset + nbytes > size:
+            raise CheckpointError(
+                f"{file}: tensor {k} ({name} {shape} at byte {offset}) does not fit "
+                f"the {size}-byte file; truncated or corrupt"
+            )
+        out.append((dtype, shape, offset, nbytes))
+    return out
 
 
 def read_tensors(file: Path, table: Any) -> list[torch.Tensor]:
-    """Read the tensors of ``file`` described by ``table``; every entry is checked first."""
-    if not isinstance(table, list):
-        raise CheckpointError(f"{file}: the tensor table is not a list")
-    size = file.stat().st_size if file.is_file() else -1
-    if size < 0:
-        raise CheckpointError(f"{file}: missing")
-    blob = (
-        torch.from_numpy(np.fromfile(file, dtype=np.uint8))
-        if size
-        else torch.empty(0, dtype=torch.uint8)
-    )
-    tensors = []
-    for k, entry in enumerate(table):
+    """Read the tensors of ``file`` described by ``table``; every entry is checked first.
+
+    Only the bytes the table names are read (never a symlink): trailing junk costs nothing.
+    """
+    entries = check_table(file, table)
+    end = max((offset + nbytes for _, _, offset, nbytes in entries), default=0)
+    blob = torch.empty(end, dtype=torch.uint8)
+    if end:
         try:
-            dtype = dtype_from_name(entry["dtype"])
-            shape = [int(s) for s in entry["shape"]]
-            offset = int(entry["offset"])
-        except (KeyError, TypeError, ValueError) as err:
-            raise CheckpointError(f"{file}: tensor {k}: malformed table entry ({err})") from err
-        numel = int(np.prod(shape)) if shape else 1
-        nbytes = numel * dtype.itemsize
-        if min(shape, default=0) < 0 or offset < 0 or offset % _ALIGN or offset + nbytes > size:
-            raise CheckpointError(
-                f"{file}: tensor {k} ({entry['dtype']} {shape} at byte {offset}) does not fit "
-                f"the {size}-byte file; truncated or corrupt"
-            )
+            with open_nofollow(file, "rb") as f:
+                got = f.readinto(blob.numpy().data)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{file}: cannot be read ({err})") from err
+        if got != end:
+            raise CheckpointError(f"{file}: {got} bytes, the table needs {end}; truncated")
+    tensors = []
+    for dtype, shape, offset, nbytes in entries:
         raw = blob[offset : offset + nbytes]
         if dtype.is_complex:
             real = torch.empty(0, dtype=dtype).real.dtype

@@ -11,10 +11,12 @@
 
 from __future__ import annotations
 
-import os
+import itertools
+import math
 import shutil
 import tempfile
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -23,19 +25,28 @@ import torch
 
 from rbdata._layout import Layout
 from rbdata.checkpoint._atomic import fsync_dir
+from rbdata.checkpoint._checksum import copy_with_crc, entry, file_entry, tensor_crc
 from rbdata.checkpoint._codec import decode, encode
+from rbdata.checkpoint._storage_checks import ARROW_META, DIR, HEADER, LAYOUT, check_storage
+from rbdata.checkpoint._validate import leaf_path, read_json
 from rbdata.errors import CheckpointError
 from rbdata.storages._files import remove_with
+from rbdata.storages._memmap_files import write_directory
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.convert import copy_rows
 from rbdata.storages.list import ListStorage
-from rbdata.storages.memmap import MemmapStorage, write_directory
+from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
-__all__ = ["copy_storage", "dump_storage", "restore_storage", "storage_from_state", "storage_state"]
-
-_DIR = "storage"
+__all__ = [
+    "check_storage",
+    "copy_storage",
+    "dump_storage",
+    "restore_storage",
+    "storage_from_state",
+    "storage_state",
+]
 
 
 def _check_supported(storage: Storage) -> None:
@@ -71,78 +82,122 @@ def _list_state(storage: ListStorage, tensors: list[torch.Tensor]) -> dict[str, 
 
 def _counts(storage: Storage, state: Any) -> tuple[int, int]:
     """The saved length and next slot, checked against the capacity of ``storage``."""
-    n, nxt = int(state["length"]), int(state["next"])
-    if not 0 <= n <= storage.capacity or not 0 <= nxt < storage.capacity:
-        name = type(storage).__name__
-        raise CheckpointError(f"{name}: length {n} / next slot {nxt} out of range")
+    name = type(storage).__name__
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{name}: the state must be an object")
+    n, nxt = state.get("length"), state.get("next")
+    if (
+        not isinstance(n, int)
+        or not isinstance(nxt, int)
+        or isinstance(n, bool)
+        or isinstance(nxt, bool)
+        or not 0 <= n <= storage.capacity
+        or not 0 <= nxt < storage.capacity
+    ):
+        raise CheckpointError(f"{name}: length {n!r:.40} / next slot {nxt!r:.40} out of range")
     return n, nxt
 
 
 def _restore_list(cls: type[ListStorage], config: dict[str, Any], state: Any, tensors: list) -> Any:
-    storage = cls(**config)
+    storage = cls(**config)  # allocates nothing: the item list grows on writes
     n, nxt = _counts(storage, state)
     items: list[Any] = []
     if "layout" in state:
-        layout = Layout.from_json(state["layout"])
-        present = decode(state["present"], tensors, "ListStorage").tolist()
-        leaves = decode(state["leaves"], tensors, "ListStorage")
-        if len(leaves) != len(layout.leaves) or any(i < 0 or i >= n for i in present):
+        try:
+            layout = Layout.from_json(state["layout"])
+        except (KeyError, TypeError, ValueError) as err:
+            raise CheckpointError(f"ListStorage: field 'layout': {err}") from err
+        present_t = decode(state.get("present"), tensors, "ListStorage")
+        leaves = decode(state.get("leaves"), tensors, "ListStorage")
+        if (
+            not isinstance(present_t, torch.Tensor)
+            or present_t.dtype != torch.long
+            or present_t.dim() != 1
+        ):
+            raise CheckpointError("ListStorage: field 'present' must be a 1-D LongTensor")
+        present = present_t.tolist()
+        m = len(present)
+        ordered = all(a < b for a, b in itertools.pairwise(present))
+        if not isinstance(leaves, list) or len(leaves) != len(layout.leaves) or not ordered:
             raise CheckpointError("ListStorage: the rows do not match the layout and length")
+        if any(i < 0 or i >= n for i in present):
+            raise CheckpointError(f"ListStorage: a present slot out of range [0, {n})")
+        for leaf, data in zip(layout.leaves, leaves, strict=True):
+            shape = (m, *leaf.shape)
+            if not isinstance(data, torch.Tensor) or tuple(data.shape) != shape:
+                raise CheckpointError(f"ListStorage: key {leaf.name}: expected shape {shape}")
+            if data.dtype != leaf.dtype:
+                raise CheckpointError(f"ListStorage: key {leaf.name}: expected {leaf.dtype}")
         items = [None] * n
         for j, i in enumerate(present):
             items[i] = [leaf[j] for leaf in leaves]
         storage._layout = layout
     else:
-        items = list(decode(state["items"], tensors, "ListStorage items"))
-        if len(items) != n:
-            raise CheckpointError(f"ListStorage: {len(items)} items for a length of {n}")
-    storage._objects = bool(state["objects"])
+        items = decode(state.get("items"), tensors, "ListStorage items")
+        if not isinstance(items, list) or len(items) != n:
+            raise CheckpointError(f"ListStorage: field 'items' must hold {n} items")
+    storage._objects = bool(state.get("objects"))
     if n:
-        storage._items = items + [None] * (storage.capacity - n)
+        storage._items = items  # no padding to the capacity: writes extend the list
     storage._length, storage._next = n, nxt
     return storage
 
 
 # --- files: dump and restore -------------------------------------------------------------
-def _copy_file(src: Path, dst: Path, fsync: bool) -> None:
-    shutil.copyfile(src, dst)
-    if not fsync:
-        return
-    fd = os.open(dst, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _arrow_files(storage: ArrowStorage) -> list[Path]:
     """Flush ``storage``; return its metadata and chunk files (everything that holds data)."""
     storage.flush()
     return [
         file
         for file in sorted(storage.path.iterdir())
-        if file.name.startswith("chunk-") or file.name == "_rbdata.json"
+        if file.name.startswith("chunk-") or file.name == ARROW_META
     ]
 
 
 def dump_storage(
     storage: Storage, root: Path, tensors: list[torch.Tensor], fsync: bool = True
-) -> dict[str, Any]:
-    """Write ``storage``'s data under checkpoint directory ``root``; return its JSON state."""
+) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """Write ``storage``'s data under checkpoint directory ``root``.
+
+    Returns its JSON state and the checksum entries of the files written (names relative to
+    ``root``), computed while writing.
+    """
     _check_supported(storage)
     if isinstance(storage, ListStorage):
-        return _list_state(storage, tensors)
-    out = root / _DIR
+        return _list_state(storage, tensors), {}
+    out = root / DIR
+    sums: dict[str, dict[str, int]] = {}
     if isinstance(storage, ArrowStorage):
         out.mkdir()
         for file in _arrow_files(storage):
-            _copy_file(file, out / file.name, fsync)
-        fsync_dir(out, fsync)
-        return {"dir": _DIR}
-    assert isinstance(storage, TensorStorage)
-    write_directory(storage, out, fsync)
+            sums[file.name] = copy_with_crc(file, out / file.name, fsync)
+    else:
+        assert isinstance(storage, TensorStorage)
+        sums = _write_tensor_storage(storage, out, fsync)
     fsync_dir(out, fsync)
-    return {"dir": _DIR}
+    return {"dir": DIR}, {f"{DIR}/{name}": rec for name, rec in sums.items()}
+
+
+def _write_tensor_storage(
+    storage: TensorStorage, out: Path, fsync: bool
+) -> dict[str, dict[str, int]]:
+    """``write_directory``, with the leaves' checksums summed from memory meanwhile."""
+    n = len(storage)
+    buffers = storage.buffers if storage.layout is not None else []
+    # zlib releases the GIL: the sums run while write_directory copies and fsyncs
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(tensor_crc, buf, n) for buf in buffers]
+        write_directory(storage, out, fsync)
+        crcs = [future.result() for future in futures]
+    names = read_json(out / LAYOUT, "storage").get("files", []) if buffers else []
+    sums: dict[str, dict[str, int]] = {}
+    for name, buf, crc in zip(names, buffers, crcs, strict=True):
+        row = math.prod(buf.shape[1:]) * buf.element_size()
+        sums[name] = entry((out / name).stat().st_size, n * row, crc)
+    for file in sorted(out.iterdir()):  # header, layout and anything else: small, read back
+        if file.name not in sums:
+            sums[file.name] = file_entry(file)
+    return sums
 
 
 def _arrow_copy(cls: type[ArrowStorage], fill: Callable[[Path], None]) -> ArrowStorage:
@@ -167,26 +222,40 @@ def _check_config(storage: Storage, config: dict[str, Any]) -> None:
             )
 
 
+def _check_counts(storage: TensorStorage, src: Path) -> None:
+    """The length and next slot of a just-opened storage, in range (closed if not)."""
+    n, nxt, cap = len(storage), storage.next_slot, storage.capacity
+    if not 0 <= n <= cap or not 0 <= nxt < cap or (n and storage.layout is None):
+        storage.close()  # type: ignore[attr-defined]
+        raise CheckpointError(
+            f"{src / HEADER}: header length {n} / next slot {nxt} out of range for capacity {cap}"
+        )
+
+
 def restore_storage(
-    cls: type[Storage], config: dict[str, Any], state: Any, root: Path, tensors: list
+    cls: type[Storage], config: dict[str, Any], state: Any, root: Path, tensors: list, plan: Any
 ) -> Storage:
-    """Rebuild a storage saved by :func:`dump_storage` under ``root``."""
+    """Rebuild a storage saved by :func:`dump_storage` under ``root``.
+
+    ``plan`` is what :func:`check_storage` returned for it (which must have run first).
+    """
     if issubclass(cls, ListStorage):
         return _restore_list(cls, config, state, tensors)
-    if not isinstance(state, dict) or state.get("dir") != _DIR:
-        raise CheckpointError(f"{cls.__name__}: the state must name its directory {_DIR!r}")
-    src = root / _DIR
+    src = root / DIR
     if issubclass(cls, ArrowStorage):
+        names = plan[1]
 
-        def copy(own: Path) -> None:
-            for file in sorted(src.iterdir()):
-                shutil.copyfile(file, own / file.name)
+        def copy(own: Path) -> None:  # only the files the metadata names, no symlink
+            for name in names:
+                copy_with_crc(src / name, own / name, fsync=False)
 
         storage: Storage = _arrow_copy(cls, copy)
     elif issubclass(cls, MemmapStorage):
         storage = cls.open(src, copy_on_write=True)
+        _check_counts(storage, src)
     elif issubclass(cls, TensorStorage):
         mapped = MemmapStorage.open(src, copy_on_write=True)
+        _check_counts(mapped, src)
         storage = cls(**config)
         _check_config(mapped, {"max_size": storage.capacity})
         layout = mapped.layout
@@ -232,9 +301,9 @@ def storage_from_state(cls: type[Storage], config: dict[str, Any], state: Any) -
 
         def write(own: Path) -> None:
             for name, data in state["files"].items():
-                if not isinstance(name, str) or "/" in name or name.startswith("."):
+                if not isinstance(name, str) or name.startswith("."):
                     raise CheckpointError(f"ArrowStorage: bad file name {name!r}")
-                data.numpy().tofile(own / name)
+                data.numpy().tofile(leaf_path(own, name, Path("state"), "files"))
 
         storage: Storage = _arrow_copy(cls, write)
         _check_config(storage, config)

@@ -121,7 +121,12 @@ if HAS_NUMBA:
         strict: bool,
         out: Any,
         mask: Any,
-    ) -> None:  # pragma: no cover
+    ) -> int:  # pragma: no cover
+        # every draw must pick a segment: 0 <= r < cumsum[-1] (else -1 - its position)
+        total = cumsum[cumsum.shape[0] - 1]
+        for i in range(r.shape[0]):
+            if r[i] < 0 or r[i] >= total:
+                return -1 - i
         k = 0
         for i in range(r.shape[0]):
             seg = np.searchsorted(cumsum, r[i], side="right")
@@ -135,6 +140,23 @@ if HAS_NUMBA:
                 mask[k] = valid
                 out[k] = (base + t) % capacity
                 k += 1
+        return 0
+
+
+def _check_tables(
+    cumsum: torch.Tensor, shift: torch.Tensor, stops: torch.Tensor, r: torch.Tensor
+) -> None:
+    """Raise unless the draw tables are 1-D, non-empty, of one length, and ``r`` is 1-D."""
+    if cumsum.dim() != 1 or cumsum.shape[0] == 0 or shift.shape != cumsum.shape:
+        raise ValueError(
+            f"cumsum, shift: expected non-empty 1-D tables of one length, got "
+            f"{tuple(cumsum.shape)} and {tuple(shift.shape)}"
+        )
+    if stops.shape != cumsum.shape or r.dim() != 1:
+        raise ValueError(
+            f"stops, r: expected {tuple(cumsum.shape)} stops and 1-D draws, got "
+            f"{tuple(stops.shape)} and {tuple(r.shape)}"
+        )
 
 
 def draw(
@@ -147,13 +169,19 @@ def draw(
     capacity: int,
     strict: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Like :func:`draw_reference`; one numba kernel when numba is importable."""
+    """Like :func:`draw_reference`; one numba kernel when numba is importable.
+
+    Raises:
+        ValueError: for tables of different lengths or a draw outside ``[0, cumsum[-1])``
+            (checked before any table is indexed with it).
+    """
+    _check_tables(cumsum, shift, stops, r)
     if not HAS_NUMBA:
         return draw_reference(cumsum, shift, stops, r, length, base, capacity, strict)
     n = r.shape[0] * length
     out = np.empty(n, np.int64)
     mask = np.empty(n, np.bool_)
-    _nb_draw(
+    bad = _nb_draw(
         cumsum.numpy(),
         shift.numpy(),
         stops.numpy(),
@@ -165,4 +193,9 @@ def draw(
         out,
         mask,
     )
+    if bad:
+        raise ValueError(
+            f"r: draw {int(r[-1 - bad])} is outside [0, {int(cumsum[-1])}), the number of "
+            "slice starts"
+        )
     return torch.from_numpy(out), None if strict else torch.from_numpy(mask)

@@ -38,11 +38,13 @@ __all__ = [
     "draw_reference",
     "find",
     "find_reference",
+    "largest_base",
     "layout",
     "leaf_count",
     "leaf_offset",
     "new_block_min_tree",
     "new_tree",
+    "rebuild",
     "set_priorities_reference",
     "update",
     "update_reference",
@@ -198,6 +200,40 @@ def set_priorities_reference(
     update_reference(min_tree, blocks, block_min, "min")
 
 
+def rebuild(sum_tree: torch.Tensor, min_tree: torch.Tensor) -> None:
+    """Recompute every inner node of both trees from the sum tree's leaves, in place.
+
+    The same float64 pairwise sums, rounded once per node, as the incremental updates: a
+    consistent tree comes out bit for bit unchanged, and a tampered one becomes consistent
+    (the tree walks then only ever reach leaves that hold mass).
+
+    Examples:
+        >>> tree, mins = new_tree(10, "sum"), new_block_min_tree(10)
+        >>> tree[leaf_offset(tree) + 3] = 2.0
+        >>> rebuild(tree, mins)
+        >>> float(tree[ROOT]), float(mins[ROOT])
+        (2.0, 2.0)
+    """
+    offsets = layout(sum_tree)
+    sum_tree[:ROOT] = 0.0  # the alignment padding before the root, as new_tree leaves it
+    min_tree[:ROOT] = math.inf
+    for level in range(len(offsets) - 2, -1, -1):
+        start, width = offsets[level + 1], ARITY ** (level + 1)
+        block = sum_tree[start : start + width].view(-1, ARITY).double()
+        sum_tree[offsets[level] : offsets[level] + width // ARITY] = _pairwise_sum(block)
+    leaf0 = offsets[-1]
+    leaves = sum_tree[leaf0:]
+    width = min(ARITY, leaves.shape[0])
+    rows = leaves.view(-1, width)
+    block_min = torch.where(rows > 0, rows, math.inf).amin(1)
+    min_offsets = layout(min_tree)
+    min_tree[min_offsets[-1] : min_offsets[-1] + block_min.shape[0]] = block_min
+    for level in range(len(min_offsets) - 2, -1, -1):
+        start, width = min_offsets[level + 1], ARITY ** (level + 1)
+        block = min_tree[start : start + width].view(-1, ARITY)
+        min_tree[min_offsets[level] : min_offsets[level] + width // ARITY] = block.amin(1)
+
+
 def draw_reference(
     sum_tree: torch.Tensor, min_tree: torch.Tensor, targets: torch.Tensor, beta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -253,36 +289,12 @@ if HAS_NUMBA:
         return out
 
     @numba.njit(cache=True, nogil=True)
-    def _nb_set_priorities(
-        sum_tree: Any,
-        min_tree: Any,
-        offsets: Any,
-        index: Any,
-        priority: Any,
-        filled: int,
-        eps: float,
-        alpha: float,
-    ) -> tuple[int, int, float]:  # pragma: no cover
-        # validate everything first: (0, -1, max) on success, else (code, position, 0)
-        n = index.shape[0]
-        top = 0.0
-        for i in range(n):
-            p = priority[i]
-            if index[i] < 0 or index[i] >= filled:
-                return 1, i, 0.0
-            if not np.isfinite(p):
-                return 2, i, 0.0
-            if p < 0:
-                return 3, i, 0.0
-            top = max(top, p)
-        leaf0 = offsets[offsets.shape[0] - 1]
-        width = min(8, sum_tree.shape[0] - leaf0)
-        for i in range(n):  # sequential: the last duplicate wins
-            sum_tree[leaf0 + index[i]] = (priority[i] + eps) ** alpha
+    def _nb_refresh_sums(sum_tree: Any, offsets: Any, index: Any) -> None:  # pragma: no cover
         # level-major: every walk's misses at one level overlap, and children are final
         # before their parents (a parent shared by several walks is recomputed, same value).
         # A level with no more nodes than updates is recomputed whole, once: the walks
         # would otherwise redo its few (cached) nodes n times.
+        n = index.shape[0]
         node = index.copy()
         level_width = 8 ** (offsets.shape[0] - 1)  # the number of leaves
         for level in range(offsets.shape[0] - 2, -1, -1):
@@ -296,6 +308,56 @@ if HAS_NUMBA:
                 parent = node[i] // 8
                 node[i] = parent
                 sum_tree[offsets[level] + parent] = _nb_block_sum(sum_tree, start + 8 * parent)
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_set_priorities(
+        sum_tree: Any,
+        min_tree: Any,
+        offsets: Any,
+        index: Any,
+        priority: Any,
+        filled: int,
+        eps: float,
+        alpha: float,
+        vmax: float,
+        pmax: float,
+    ) -> tuple[int, int, float]:  # pragma: no cover
+        # validate everything first: (0, -1, max) on success, else (code, position, 0).
+        # ``filled`` must be <= the number of leaves (the caller's check): every index that
+        # passes is a leaf. ``vmax`` is the largest finite value of the tree's dtype and
+        # ``pmax`` (slightly below ``vmax ** (1 / alpha)``) the largest ``p + eps`` whose
+        # value ``(p + eps) ** alpha`` stays below it: one compare instead of a power.
+        n = index.shape[0]
+        top = 0.0
+        for i in range(n):
+            p = priority[i]
+            if index[i] < 0 or index[i] >= filled:
+                return 1, i, 0.0
+            if not np.isfinite(p):
+                return 2, i, 0.0
+            if p < 0:
+                return 3, i, 0.0
+            if not np.float64(p) + eps <= pmax:  # its value would be inf in the tree
+                return 4, i, 0.0
+            top = max(top, p)
+        leaf0 = offsets[offsets.shape[0] - 1]
+        width = min(8, sum_tree.shape[0] - leaf0)
+        # the new total is at most the old one plus n times the largest new value: only
+        # near the top of the dtype can it overflow, and only then are old leaves kept
+        bound = np.float64(sum_tree[7]) + n * (top + eps) ** alpha if n else 0.0
+        careful = not bound <= 0.999 * vmax
+        if careful:
+            old = np.empty(n, sum_tree.dtype)
+            for i in range(n):
+                old[i] = sum_tree[leaf0 + index[i]]
+        for i in range(n):  # sequential: the last duplicate wins
+            sum_tree[leaf0 + index[i]] = (np.float64(priority[i]) + eps) ** alpha
+        _nb_refresh_sums(sum_tree, offsets, index)
+        if careful and not np.isfinite(sum_tree[7]):  # the total overflowed: undo
+            for i in range(n - 1, -1, -1):  # backwards: a duplicate gets its first old value
+                sum_tree[leaf0 + index[i]] = old[i]
+            _nb_refresh_sums(sum_tree, offsets, index)
+            return 5, 0, 0.0
         min_offsets = _nb_min_offsets(offsets)
         min_leaf0 = min_offsets[min_offsets.shape[0] - 1]
         for i in range(n):
@@ -381,13 +443,20 @@ if HAS_NUMBA:
         filled: int,
         eps: float,
         alpha: float,
+        vmax: float,
+        pmax: float,
     ) -> tuple[int, int, float]:  # pragma: no cover
+        # the caller guarantees: both addresses hold n contiguous items of these dtypes
         index = numba.carray(_nb_voidptr(index_address), (n,), np.int64)
         if priority_is_f64:
             p64 = numba.carray(_nb_voidptr(priority_address), (n,), np.float64)
-            return _nb_set_priorities(sum_tree, min_tree, offsets, index, p64, filled, eps, alpha)
+            return _nb_set_priorities(
+                sum_tree, min_tree, offsets, index, p64, filled, eps, alpha, vmax, pmax
+            )
         p32 = numba.carray(_nb_voidptr(priority_address), (n,), np.float32)
-        return _nb_set_priorities(sum_tree, min_tree, offsets, index, p32, filled, eps, alpha)
+        return _nb_set_priorities(
+            sum_tree, min_tree, offsets, index, p32, filled, eps, alpha, vmax, pmax
+        )
 
     @numba.njit(cache=True, nogil=True)
     def _nb_draw_at(
@@ -407,19 +476,70 @@ if HAS_NUMBA:
         _nb_draw(sum_tree, offsets, min_root, targets, beta, index, weight)
 
 
+def largest_base(vmax: float, alpha: float) -> float:
+    """The largest ``p + eps`` whose ``(p + eps) ** alpha`` is safely ``<= vmax`` (float64).
+
+    A relative margin of 1e-9 keeps the power's rounding below ``vmax``.
+
+    Examples:
+        >>> largest_base(1e300, 2.0) < 1e150
+        True
+        >>> largest_base(1e300, 0.0)
+        inf
+    """
+    if alpha <= 0:
+        return math.inf  # x ** 0 == 1
+    try:
+        base = vmax ** (1.0 / alpha)
+    except OverflowError:
+        return math.inf
+    return base * (1.0 - 1e-9) if math.isfinite(base) else math.inf
+
+
 def _np_offsets(tree: torch.Tensor) -> np.ndarray:
     return np.asarray(layout(tree), dtype=np.int64)
 
 
+def _check_slots(tree: torch.Tensor, index: torch.Tensor, count: int) -> None:
+    """Raise unless ``index`` is 1-D, has ``count`` entries and every slot is a leaf of ``tree``.
+
+    What a kernel indexes with is checked here, vectorised, before any kernel runs.
+    """
+    if index.dim() != 1 or index.is_floating_point() or index.dtype is torch.bool:
+        raise ValueError(
+            f"index: expected a 1-D integer tensor, got {index.dtype} {tuple(index.shape)}"
+        )
+    if index.numel() != count:
+        raise ValueError(f"values: expected {index.numel()} values (one per index), got {count}")
+    if index.numel():
+        lo, hi = torch.aminmax(index)
+        leaves = int(tree.shape[0]) - leaf_offset(tree)
+        if int(lo) < 0 or int(hi) >= leaves:
+            bad = int(hi) if int(hi) >= leaves else int(lo)
+            raise IndexError(f"index {bad} is out of range for a tree of {leaves} slots")
+
+
+def _check_targets(targets: torch.Tensor) -> None:
+    if targets.dim() != 1:
+        raise ValueError(f"targets: expected a 1-D tensor, got shape {tuple(targets.shape)}")
+
+
 # --- dispatching API -------------------------------------------------------------------------
 def update(tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: str) -> None:
-    """Set slots ``index`` to ``values`` and recompute ancestors (numba on CPU, else torch)."""
+    """Set slots ``index`` to ``values`` and recompute ancestors (numba on CPU, else torch).
+
+    Raises:
+        IndexError: for a slot outside the tree's leaves (nothing is changed).
+        ValueError: if ``index`` is not 1-D integers or ``values`` has another length.
+    """
+    layout(tree)  # a well-formed tree (the kernels derive every offset from it)
+    _check_slots(tree, index, values.numel())
     if HAS_NUMBA and tree.device.type == "cpu":
         _nb_update(
             tree.numpy(),
             _np_offsets(tree),
-            index.numpy().astype(np.int64, copy=False),
-            values.double().numpy(),
+            np.ascontiguousarray(index.numpy().astype(np.int64, copy=False)),
+            np.ascontiguousarray(values.double().reshape(-1).numpy()),
             op == "sum",
         )
     else:
@@ -428,6 +548,7 @@ def update(tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: st
 
 def find(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     """Slot of each prefix-sum target in a sum tree (numba on CPU, else torch)."""
+    _check_targets(targets)
     if HAS_NUMBA and tree.device.type == "cpu":
         out = torch.empty(targets.shape, dtype=torch.long)
         _nb_find(tree.numpy(), _np_offsets(tree), targets.double().numpy(), out.numpy())
@@ -439,6 +560,7 @@ def draw(
     sum_tree: torch.Tensor, min_tree: torch.Tensor, targets: torch.Tensor, beta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Like :func:`draw_reference`; on CPU one numba kernel walks and weighs."""
+    _check_targets(targets)
     if HAS_NUMBA and sum_tree.device.type == "cpu":
         index = torch.empty(targets.shape, dtype=torch.long)
         weight = torch.empty(targets.shape, dtype=torch.float32)

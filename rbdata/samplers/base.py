@@ -10,10 +10,12 @@ exactly the batches it would have produced.
 
 from __future__ import annotations
 
+import numbers
 from abc import abstractmethod
 from collections.abc import Iterator, Sized
 from typing import Any
 
+import numpy as np
 import torch
 from torch.utils.data import Sampler as TorchSampler
 
@@ -25,6 +27,7 @@ __all__ = [
     "IndexBatch",
     "Sampler",
     "check_batch_size",
+    "check_bool",
     "default_generator",
 ]
 
@@ -44,10 +47,40 @@ def default_generator() -> torch.Generator:
 
 
 def check_batch_size(batch_size: Any) -> int:
-    """Return ``batch_size`` as a positive int or raise ``ValueError`` naming it."""
-    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size <= 0:
+    """Return ``batch_size`` as a positive int or raise ``ValueError`` naming it.
+
+    Integer-like values (``numpy.int64``, anything :class:`numbers.Integral` but a bool) are
+    accepted.
+
+    Examples:
+        >>> import numpy as np
+        >>> check_batch_size(np.int64(4))
+        4
+    """
+    if type(batch_size) is int and batch_size > 0:  # the common case: one type check
+        return batch_size
+    if (
+        isinstance(batch_size, bool)
+        or not isinstance(batch_size, numbers.Integral)
+        or batch_size <= 0
+    ):
         raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
-    return batch_size
+    return int(batch_size)
+
+
+def check_bool(value: Any, name: str) -> bool:
+    """Return ``value`` as a bool, or raise ``TypeError`` naming ``name`` if it is not one.
+
+    ``bool`` and ``numpy.bool_`` are accepted; strings, ints and ``None`` are not (``"no"``
+    would otherwise be true).
+
+    Examples:
+        >>> check_bool(False, "replacement")
+        False
+    """
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
 
 
 class _SampleIterator(Iterator[Any]):
@@ -147,10 +180,23 @@ class Sampler(TorchSampler[int]):
 
     def sample(self, batch_size: int) -> torch.Tensor:
         """Draw one batch of ``batch_size`` indices as a ``LongTensor``."""
-        return self.draw(batch_size)[0]
+        return self.draw(check_batch_size(batch_size))[0]
+
+    def check_source(self, storage: Sized) -> None:
+        """Raise ``ValueError`` if this sampler cannot read ``storage`` (e.g. too small).
+
+        Called by :meth:`attach` before anything is bound; a sampler given a ``data_source``
+        at construction calls it too. The default accepts any storage.
+        """
 
     def attach(self, storage: Sized) -> None:
-        """Bind to the storage of a buffer (called by :class:`~rbdata.ReplayBuffer`)."""
+        """Bind to the storage of a buffer (called by :class:`~rbdata.ReplayBuffer`).
+
+        Raises:
+            ValueError: if the sampler already reads another storage, or cannot read this one
+                (:meth:`check_source`); nothing is changed then.
+        """
+        self.check_source(storage)
         if self.data_source is None:
             self.data_source = storage
         elif self.data_source is not storage:
@@ -159,8 +205,19 @@ class Sampler(TorchSampler[int]):
                 "use one sampler per storage"
             )
 
+    def check_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Called by the buffer *before* ``data`` is written at ``index`` (an int or a tensor).
+
+        Raise here (and change nothing) to refuse a write: the buffer's writer then leaves the
+        storage and its own state as they were. A sampler that validates here may keep what it
+        computed for the :meth:`on_write` that follows a successful write.
+        """
+
     def on_write(self, index: int | torch.Tensor, data: Any) -> None:
-        """Called by the buffer after ``data`` was written at ``index`` (an int or a tensor)."""
+        """Called by the buffer after ``data`` was written at ``index`` (an int or a tensor).
+
+        It must not fail for a write that :meth:`check_write` accepted.
+        """
 
     def reset(self) -> None:
         """Forget everything about the data (called by ``ReplayBuffer.empty``)."""

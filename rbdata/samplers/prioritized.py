@@ -11,89 +11,18 @@ import torch
 
 from rbdata._index import check_capacity
 from rbdata.samplers import _sumtree
-from rbdata.samplers.base import Sampler
+from rbdata.samplers._priority_input import (
+    check_exponent,
+    contiguous_cpu_pair,
+    cpu_copy,
+    index_and_priority,
+)
+from rbdata.samplers.base import Sampler, check_bool
 
 if _sumtree.HAS_NUMBA:
     from rbdata.samplers._sumtree import _nb_draw_at, _nb_set_priorities, _nb_set_priorities_at
 
 __all__ = ["PrioritizedSampler"]
-
-
-def _check_exponent(value: Any, name: str) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise TypeError(f"{name} must be a number, got {type(value).__name__}")
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
-    return float(value)
-
-
-_FLOATS = (torch.float32, torch.float64)
-
-
-def _contiguous_cpu_pair(index: Any, priority: Any) -> bool:
-    """Whether ``index``/``priority`` are the training-loop case: contiguous CPU tensors.
-
-    Any shapes with as many priorities as indices (``[B]``, ``[B, 1]``), read flat, as the
-    general path does. The checks are the cheap attributes (``is_cpu``, not ``device.type``):
-    they run on every update.
-    """
-    return (
-        type(index) is torch.Tensor
-        and type(priority) is torch.Tensor
-        and index.dtype is torch.int64
-        and priority.dtype in _FLOATS
-        and index.is_cpu
-        and priority.is_cpu
-        and index.numel() == priority.numel()
-        and index.is_contiguous()
-        and priority.is_contiguous()
-    )
-
-
-def _index_and_priority(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarray]:
-    """1-D int64 indices and float32/float64 priorities of equal length, as numpy arrays."""
-    if (  # the training-loop case, 1-D CPU tensors: views, nothing else to check
-        type(index) is torch.Tensor
-        and type(priority) is torch.Tensor
-        and index.dtype is torch.int64
-        and priority.dtype in (torch.float32, torch.float64)
-        and index.dim() == 1
-        and priority.shape == index.shape
-    ):
-        try:
-            return index.numpy(), priority.numpy()
-        except (RuntimeError, TypeError):  # requires grad, or not on the CPU
-            pass
-    idx = _as_numpy(index, np.int64, "index")
-    if idx.ndim == 0:
-        idx = idx.reshape(1)
-    prio = _as_numpy(priority, np.float64, "priority")
-    if prio.ndim == 0:
-        prio = np.full(idx.shape, float(prio))
-    if prio.shape[0] != idx.shape[0]:
-        raise ValueError(
-            f"priority: expected {idx.shape[0]} values (one per index), got {prio.shape[0]}"
-        )
-    return idx, prio
-
-
-def _as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
-    """A 1-D (or 0-d) numpy view or copy of a tensor, array, list or scalar, of ``dtype``."""
-    if isinstance(value, torch.Tensor):
-        if value.requires_grad:
-            value = value.detach()
-        if value.device.type != "cpu":
-            value = value.cpu()
-        value = value.numpy()
-    arr = value if type(value) is np.ndarray else np.asarray(value)
-    if arr.ndim == 1 and arr.dtype == np.float32 and dtype is np.float64:
-        return np.ascontiguousarray(arr)  # the kernels read float32 as it is
-    if dtype is np.int64 and arr.dtype.kind not in "iu":
-        raise TypeError(f"{name}: expected integers, got dtype {arr.dtype}")
-    if arr.dtype.kind not in "biuf":
-        raise TypeError(f"{name}: expected numbers, got dtype {arr.dtype}")
-    arr = arr.astype(dtype, copy=False)
-    return arr if arr.ndim == 0 else np.ascontiguousarray(arr.reshape(-1))
 
 
 class PrioritizedSampler(Sampler):
@@ -157,17 +86,20 @@ class PrioritizedSampler(Sampler):
     ) -> None:
         super().__init__(data_source, generator)
         self.capacity = check_capacity(capacity, "capacity")
-        self.alpha = _check_exponent(alpha, "alpha")
-        self.beta = _check_exponent(beta, "beta")
-        self.eps = _check_exponent(eps, "eps")
-        self.stratified = bool(stratified)
-        if default_priority is not None:
-            default_priority = _check_exponent(default_priority, "default_priority")
-        self.default_priority = default_priority
-        self._initial_max = _check_exponent(max_priority, "max_priority")
-        self.device = torch.device(device)
+        self.alpha = check_exponent(alpha, "alpha")
+        self.beta = check_exponent(beta, "beta")
+        self.eps = check_exponent(eps, "eps")
+        self.stratified = check_bool(stratified, "stratified")
         if dtype not in (torch.float32, torch.float64):
             raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
+        #: the largest value the trees can hold (a stored value or total above it is inf)
+        self._vmax = float(torch.finfo(dtype).max)
+        self._pmax = _sumtree.largest_base(self._vmax, self.alpha)  # p + eps above: inf
+        if default_priority is not None:
+            default_priority = self._check_default(default_priority, "default_priority")
+        self.default_priority = default_priority
+        self._initial_max = self._check_default(max_priority, "max_priority")
+        self.device = torch.device(device)
         self._sum = _sumtree.new_tree(self.capacity, "sum", dtype, self.device)
         self._min = _sumtree.new_block_min_tree(self.capacity, dtype, self.device)
         self._leaf0 = _sumtree.leaf_offset(self._sum)
@@ -176,6 +108,41 @@ class PrioritizedSampler(Sampler):
         if self._fast:  # numpy views of the trees for the numba kernels
             self._sum_np, self._min_np = self._sum.numpy(), self._min.numpy()
             self._offsets_np = np.asarray(_sumtree.layout(self._sum), dtype=np.int64)
+        if data_source is not None:
+            self.check_source(data_source)
+
+    def _check_default(self, value: Any, name: str) -> float:
+        """A priority option whose value ``(p + eps) ** alpha`` the tree's dtype can hold."""
+        p = check_exponent(value, name)
+        if not p + self.eps <= _sumtree.largest_base(self._vmax, self.alpha):
+            raise ValueError(
+                f"{name}: {p!r} gives (p + eps) ** alpha = {self._value(p)!r}, which is not "
+                f"finite in the tree's dtype (largest {self._vmax:.4g})"
+            )
+        return p
+
+    def _value(self, p: float) -> float:
+        """The value ``(p + eps) ** alpha`` stored for priority ``p`` (float64, inf on overflow)."""
+        try:
+            return float((p + self.eps) ** self.alpha)
+        except OverflowError:
+            return math.inf
+
+    def check_source(self, storage: Sized) -> None:
+        """Raise ``ValueError`` if ``storage`` can hold more items than this sampler has slots.
+
+        Called by :meth:`attach` (so by :class:`~rbdata.ReplayBuffer` construction and
+        ``ReplayBuffer.loads``) and for a ``data_source`` given at construction: a tree
+        smaller than its storage would be indexed past its end.
+        """
+        size = getattr(storage, "capacity", None)
+        if size is None:
+            size = len(storage)
+        if int(size) > self.capacity:
+            raise ValueError(
+                f"capacity: PrioritizedSampler has {self.capacity} slots, fewer than the "
+                f"{int(size)} items its storage can hold; give it the storage's capacity"
+            )
 
     # --- priorities ---------------------------------------------------------------------
     @property
@@ -197,8 +164,9 @@ class PrioritizedSampler(Sampler):
         raises ``ValueError`` and changes nothing.
         """
         source = self.data_source
-        filled = self.capacity if source is None else len(source)
-        if self._fast and _contiguous_cpu_pair(index, priority):
+        # never past the tree's slots, whatever the source claims (the kernels trust it)
+        filled = self.capacity if source is None else min(len(source), self.capacity)
+        if self._fast and contiguous_cpu_pair(index, priority):
             # the kernel reads the tensors in place (read only: autograd is not involved)
             code, pos, top = _nb_set_priorities_at(
                 self._sum_np,
@@ -211,13 +179,15 @@ class PrioritizedSampler(Sampler):
                 filled,
                 self.eps,
                 self.alpha,
+                self._vmax,
+                self._pmax,
             )
             if code:
                 self._refuse(code, int(index.view(-1)[pos]), float(priority.view(-1)[pos]), filled)
             if top > self._max_priority:
                 self._max_priority = top
             return
-        idx, prio = _index_and_priority(index, priority)
+        idx, prio = index_and_priority(index, priority)
         if self._fast:  # validation, transform and both trees in one kernel
             code, pos, top = _nb_set_priorities(
                 self._sum_np,
@@ -228,6 +198,8 @@ class PrioritizedSampler(Sampler):
                 filled,
                 self.eps,
                 self.alpha,
+                self._vmax,
+                self._pmax,
             )
             if code:
                 self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
@@ -238,6 +210,14 @@ class PrioritizedSampler(Sampler):
                 if bad.any():
                     pos = int(np.argmax(bad))
                     self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
+            bad = ~(prio.astype(np.float64) + self.eps <= self._pmax)
+            if bad.any():
+                pos = int(np.argmax(bad))
+                self._refuse(4, int(idx[pos]), float(prio[pos]), filled)
+            if idx.size:
+                values = (prio.astype(np.float64) + self.eps) ** self.alpha
+                if self._total_overflows(idx, values):
+                    self._refuse(5, 0, 0.0, filled)
             top = float(prio.max()) if prio.size else 0.0
             if idx.size:  # torch.tensor copies: the arrays may be read-only views
                 _sumtree.set_priorities_reference(
@@ -250,30 +230,86 @@ class PrioritizedSampler(Sampler):
                 )
         self._max_priority = max(self._max_priority, top)
 
-    @staticmethod
-    def _refuse(code: int, index: int, priority: float, filled: int) -> None:
+    def _total_overflows(self, index: Any, values: Any) -> bool:
+        """Whether storing ``values`` (float64, validated) at ``index`` overflows the total.
+
+        A bound first (old total + new values, no tree read); the exact sum over the leaves
+        only near the top of the dtype.
+        """
+        added = float(np.sum(values)) if isinstance(values, np.ndarray) else float(values.sum())
+        if float(self._sum[_sumtree.ROOT]) + added <= 0.999 * self._vmax:
+            return False
+        leaves = self._sum[self._leaf0 : self._leaf0 + self.capacity].double().cpu()
+        slots, new = _sumtree._last_occurrence(cpu_copy(index, torch.long), cpu_copy(values))
+        leaves[slots] = new
+        total = leaves.sum().to(self._sum.dtype)
+        return not bool(torch.isfinite(total))
+
+    def _refuse(self, code: int, index: int, priority: float, filled: int) -> None:
         if code == 1:
             raise ValueError(f"index: {index} is outside the filled range [0, {filled})")
         if code == 2:
             raise ValueError(f"priority: expected finite values, got {priority}")
-        raise ValueError(f"priority: expected values >= 0, got {priority}")
+        if code == 3:
+            raise ValueError(f"priority: expected values >= 0, got {priority}")
+        dtype = str(self._sum.dtype).replace("torch.", "")
+        if code == 4:
+            raise ValueError(
+                f"priority: {priority} at index {index} gives (p + eps) ** alpha = "
+                f"{self._value(priority):.4g}, which is not finite in the tree's {dtype} "
+                f"(largest {self._vmax:.4g}); nothing was changed"
+            )
+        raise ValueError(
+            f"priority: the new priorities make the tree's total overflow its {dtype} "
+            f"(largest {self._vmax:.4g}); nothing was changed"
+        )
+
+    def _default(self) -> float:
+        return self._max_priority if self.default_priority is None else self.default_priority
+
+    def check_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Refuse a write whose new items' default priority would overflow the tree's total."""
+        n = 1 if isinstance(index, int) else int(index.numel())
+        if not n:
+            return
+        value = self._value(self._default())
+        # the bound needs no tree walk; only near the dtype's top is the exact sum taken
+        root = self._sum_np[_sumtree.ROOT] if self._fast else self._sum[_sumtree.ROOT]
+        if float(root) + n * value <= 0.999 * self._vmax:
+            return
+        slots = torch.tensor([index]) if isinstance(index, int) else index.reshape(-1)
+        if self._total_overflows(slots, torch.full((n,), value, dtype=torch.float64)):
+            raise ValueError(
+                f"priority: {n} new items at the default priority {self._default()} would "
+                f"make the tree's total overflow its {self._sum.dtype} (largest "
+                f"{self._vmax:.4g}); lower the priorities (update_priority) or "
+                "default_priority; nothing was written"
+            )
 
     def on_write(self, index: int | torch.Tensor, data: Any) -> None:
         """Give newly written items the default (or highest seen) priority."""
-        p = self._max_priority if self.default_priority is None else self.default_priority
         if isinstance(index, int):
             index = torch.tensor([index])
-        self.update_priority(index, p)
+        self.update_priority(index, self._default())
 
     def attach(self, storage: Sized) -> None:
         """Bind to a storage; items already in it get the default priority.
 
         A sampler whose state was loaded (:meth:`load_state_dict`) keeps its priorities.
+
+        Raises:
+            ValueError: if ``storage`` can hold more items than the sampler has slots
+                (:meth:`check_source`), or the sampler already reads another storage.
         """
+        # priorities set before binding (or loaded) must not draw slots the storage lacks
+        self.check_source(storage)
+        self._check_beyond(self._sum, len(storage))
         super().attach(storage)
         n = len(storage)
         if n and not self._restored and float(self._sum[_sumtree.ROOT]) == 0:
-            self.on_write(torch.arange(n), None)
+            index = torch.arange(n)
+            self.check_write(index, None)
+            self.on_write(index, None)
 
     def reset(self) -> None:
         """Forget every priority."""
@@ -357,8 +393,38 @@ class PrioritizedSampler(Sampler):
             trees.append(tree)
         if bool(torch.isnan(trees[0]).any()) or bool((trees[0] < 0).any()):
             raise ValueError("state: sum_tree holds NaN or negative priorities")
+        # only the leaves are trusted: the inner nodes are recomputed from them (bit for bit
+        # the saved ones if untampered), so every tree walk ends on a slot that holds mass
+        new_sum = trees[0].to(device=self.device, dtype=self._sum.dtype).clone()
+        new_min = torch.full_like(self._min, math.inf)
+        leaves = new_sum[self._leaf0 :]
+        if not bool(torch.isfinite(leaves).all()):
+            raise ValueError("state: sum_tree holds infinite priorities")
+        if bool((leaves[self.capacity :] != 0).any()):
+            raise ValueError(
+                f"state: sum_tree holds priorities past the sampler's {self.capacity} slots"
+            )
+        _sumtree.rebuild(new_sum, new_min)
+        if not bool(torch.isfinite(new_sum[_sumtree.ROOT])):
+            raise ValueError(f"state: the priorities' total overflows the tree's {new_sum.dtype}")
         max_priority = float(state["max_priority"])
+        if not (math.isfinite(max_priority) and max_priority >= 0):
+            raise ValueError(f"state: max_priority must be finite and >= 0, got {max_priority}")
+        if not max_priority + self.eps <= self._pmax:
+            raise ValueError(f"state: max_priority {max_priority} overflows the tree's dtype")
+        source = self.data_source
+        if source is not None:
+            self._check_beyond(new_sum, len(source))
         super().load_state_dict(state)  # the generator: checked by torch before any change
-        self._sum.copy_(trees[0])
-        self._min.copy_(trees[1])
+        self._sum.copy_(new_sum)
+        self._min.copy_(new_min)
         self._max_priority = max_priority
+
+    def _check_beyond(self, tree: torch.Tensor, filled: int) -> None:
+        """Raise unless every slot at or past ``filled`` has priority 0 (is never drawn)."""
+        if filled < self.capacity and bool((tree[self._leaf0 + filled :] != 0).any()):
+            raise ValueError(
+                f"priorities: slots past the {filled} items of the storage have priorities "
+                "(a sampler state or updates that do not belong to this storage); they "
+                "would be drawn"
+            )

@@ -21,7 +21,7 @@ import torch
 
 from rbdata._layout import Key, flatten, key_name, stack_items
 from rbdata.samplers import _slices
-from rbdata.samplers.base import Sampler
+from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["SliceSampler"]
 
@@ -89,7 +89,7 @@ class SliceSampler(Sampler):
         self.num_slices = num_slices
         self.end_key = _as_key(end_key)
         self.traj_key = None if traj_key is None else _as_key(traj_key)
-        self.strict_length = strict_length
+        self.strict_length = check_bool(strict_length, "strict_length")
         self._iter_chunk = 64 * (slice_len or 1)
         self.reset()
 
@@ -103,6 +103,7 @@ class SliceSampler(Sampler):
         self._cache: tuple[Any, ...] | None = None
         self._cache_len: int | None = None
         self._ids_cache: dict[tuple[int, int], torch.Tensor] = {}
+        self._pending: tuple[Any, Any, Any] | None = None  # check_write's plan for on_write
 
     @property
     def _capacity(self) -> int:
@@ -134,46 +135,78 @@ class SliceSampler(Sampler):
             raise ValueError(f"SliceSampler: {key_name(key)} must hold one value per step")
         return value[:, 0]
 
-    def _ends_of(self, values: np.ndarray, start: int) -> np.ndarray:
-        """Absolute times of episode ends among ``n`` new steps starting at time ``start``."""
+    def _ends_of(self, values: np.ndarray, start: int) -> tuple[np.ndarray, Any]:
+        """Absolute times of episode ends among new steps starting at time ``start``.
+
+        Returns them and the episode id of the last new step (``traj_key``; else ``None``).
+        Pure: the sampler's state is not touched.
+        """
         if self.traj_key is None:
-            return np.flatnonzero(values) + start
+            return np.flatnonzero(values) + start, None
         ids = values
         changes = np.flatnonzero(ids[1:] != ids[:-1]) + start
         first = ids[0].item()
         self_ends = [start - 1] if self._last_traj is not None and first != self._last_traj else []
-        self._last_traj = ids[-1].item()
-        return np.concatenate([np.asarray(self_ends, np.int64), changes])
+        return np.concatenate([np.asarray(self_ends, np.int64), changes]), ids[-1].item()
 
-    def on_write(self, index: int | torch.Tensor, data: Any) -> None:
-        """Index the end flags of the steps just written at ``index`` (in time order)."""
+    def _plan(self, index: int | torch.Tensor, data: Any) -> tuple[Any, ...] | None:
+        """The episode index after a write of ``data`` at ``index``, or raise (pure).
+
+        Returns ``(base, time, ends, last_traj)``, or ``None`` for an empty write.
+        """
         if isinstance(index, int):
             first, n, batched = index, 1, False
         else:
             n, batched = int(index.shape[0]), True
             if n == 0:
-                return
+                return None
             first = int(index[0])
         capacity = self._capacity
-        if self._base is None:
-            self._base = first
-        elif (self._base + self._time) % capacity != first:
+        base = self._base
+        if base is None:
+            base = first
+        elif (base + self._time) % capacity != first:
             raise ValueError(
                 f"SliceSampler: a write at slot {first} does not continue the time order "
-                f"(expected slot {(self._base + self._time) % capacity}); it needs a "
-                "RoundRobinWriter"
+                f"(expected slot {(base + self._time) % capacity}); it needs a "
+                "RoundRobinWriter; nothing was written"
             )
         values = self._flags(data, n, batched)
         start = self._time
-        new_ends = self._ends_of(values, start)
-        self._time = start + n
-        oldest = max(0, self._time - capacity)
+        new_ends, last_traj = self._ends_of(values, start)
+        time = start + n
+        oldest = max(0, time - capacity)
         ends = self._ends
         if new_ends.size:
             ends = np.concatenate([ends, new_ends])
         if ends.size and ends[0] < oldest:
             ends = ends[int(np.searchsorted(ends, oldest)) :]
-        self._ends = ends
+        return base, time, ends, last_traj
+
+    def check_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Refuse a write before it happens; keep what was computed for :meth:`on_write`.
+
+        Refused: a write that does not continue the time order, or data without the episode
+        key (``ValueError``).
+        """
+        self._pending = (index, data, self._plan(index, data))
+
+    def on_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Index the end flags of the steps just written at ``index`` (in time order)."""
+        pending, self._pending = self._pending, None
+        if (
+            pending is not None
+            and pending[1] is data
+            and (pending[0] is index or (isinstance(index, int) and pending[0] == index))
+        ):
+            plan = pending[2]  # computed by check_write just before this write
+        else:
+            plan = self._plan(index, data)
+        if plan is None:
+            return
+        self._base, self._time, self._ends, last_traj = plan
+        if self.traj_key is not None:
+            self._last_traj = last_traj
         self._cache = None
 
     def attach(self, storage: Sized) -> None:

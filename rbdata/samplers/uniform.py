@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rbdata.samplers.base import Sampler
+from rbdata.samplers.base import Sampler, check_batch_size, check_bool
 
 __all__ = ["UniformSampler"]
 
@@ -37,7 +37,7 @@ class UniformSampler(Sampler):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(data_source, generator)
-        self.replacement = replacement
+        self.replacement = check_bool(replacement, "replacement")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
             raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
         self.num_samples = num_samples
@@ -51,7 +51,8 @@ class UniformSampler(Sampler):
         return self.sample(batch_size), {}
 
     def sample(self, batch_size: int) -> torch.Tensor:
-        """Draw ``batch_size`` indices."""
+        """Draw ``batch_size`` indices (a positive int or integer-like, e.g. ``np.int64``)."""
+        batch_size = check_batch_size(batch_size)
         n = self._length()
         if self.replacement:
             return torch.randint(n, (batch_size,), generator=self.generator)

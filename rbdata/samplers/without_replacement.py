@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rbdata.samplers.base import Sampler
+from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["SamplerWithoutReplacement"]
 
@@ -44,7 +44,7 @@ class SamplerWithoutReplacement(Sampler):
         generator: torch.Generator | None = None,
     ) -> None:
         super().__init__(data_source, generator)
-        self.drop_last = drop_last
+        self.drop_last = check_bool(drop_last, "drop_last")
         self._perm: torch.Tensor | None = None
         self._pos = 0
 

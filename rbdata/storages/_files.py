@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -10,6 +11,8 @@ import tempfile
 import weakref
 from pathlib import Path
 from typing import Any
+
+_MAX_META_BYTES = 1 << 24
 
 __all__ = [
     "atomic_write_json",
@@ -128,21 +131,29 @@ def open_nofollow(path: Path, mode: str) -> Any:
 def atomic_write_json(path: Path, obj: Any, fsync: bool = True) -> None:
     """Write JSON to a temporary file (fsync'ed if ``fsync``), then rename it over ``path``."""
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, indent=1)
+    with contextlib.suppress(FileNotFoundError):
+        tmp.unlink()  # a killed writer's leftover (a symlink is unlinked, not followed)
+    with open_nofollow(tmp, "xb") as f:
+        f.write(json.dumps(obj, indent=1).encode("utf-8"))
         if fsync:
             f.flush()
             os.fsync(f.fileno())
-    os.replace(tmp, path)
+    os.replace(tmp, path)  # replaces a symlink at ``path`` itself, never its target
 
 
 def read_meta(root: Path, name: str, fmt: str, version: int, what: str) -> dict[str, Any]:
     """Read and check the JSON metadata file ``name`` of a ``what`` directory."""
     meta_file = root / name
-    if not meta_file.is_file():
+    if not meta_file.is_file() and not meta_file.is_symlink():
         raise FileNotFoundError(f"{str(root)!r} is not a {what}: no {name}")
+    with open_nofollow(meta_file, "rb") as f:
+        raw = f.read(_MAX_META_BYTES + 1)
+    if len(raw) > _MAX_META_BYTES:
+        raise ValueError(f"{meta_file}: metadata file larger than {_MAX_META_BYTES} bytes")
     try:
-        meta = json.loads(meta_file.read_text(encoding="utf-8"))
+        meta = json.loads(raw.decode("utf-8"))
+    except RecursionError as err:
+        raise ValueError(f"{meta_file}: corrupt metadata file (nested too deeply)") from err
     except (UnicodeDecodeError, json.JSONDecodeError) as err:
         raise ValueError(f"{meta_file}: corrupt metadata file ({err})") from err
     if not isinstance(meta, dict) or meta.get("format") != fmt:

@@ -12,14 +12,34 @@ Names starting with ``_`` or ``.`` are skipped by ``pyarrow.dataset``, so
 ``pyarrow.dataset.dataset(path, format="arrow")`` (and polars, duckdb) read exactly the stored
 rows once the storage is flushed or closed.
 
+- ``_journal.bin`` (only between flushes): the redo journal, see below.
+
 **The unit of rewrite is a chunk.** Writes go to the chunk in memory (opened from its file
 once, on the first write to it); a chunk is written back as a whole new file (atomically:
 a temporary file, then ``os.replace``) when the write cursor leaves it, and on :meth:`flush`,
 :meth:`close` and pickling. A ring writer therefore writes each chunk once per lap, and the
 newest ``capacity`` rows are always stored exactly. The trade-off: a random ``set`` into
-several chunks rewrites each of them (``chunk_size`` rows each), and rows in the chunk under
-the cursor reach the disk at the next flush, not at once (unlike :class:`MemmapStorage`,
-whose every write is in shared memory).
+several chunks rewrites each of them (``chunk_size`` rows each).
+
+**What survives a crash.** Every write (``set``, ``extend``) is first appended to the redo
+journal as one checksummed record (the slots and the rows; see ``_arrow_journal.py``), then
+applied. The metadata is written only when every row is in the chunk files (on
+:meth:`flush`, :meth:`close`, pickling, and when the journal passes 32 MiB), with a new
+*epoch*; the journal is then removed, and records of an older epoch are ignored. So the
+metadata never claims a row that is not in a chunk file, and :meth:`open` rebuilds the rest
+by replaying the journal's whole records in order (writes are absolute, so replaying a write
+that already reached a file is harmless), then writes them to the chunks. Whatever happens
+to the process (normal exit without :meth:`close`, ``del``, SIGKILL), every ``extend`` that
+returned is there after :meth:`open`, and the one cut by the kill is wholly absent (its
+record is short or fails its checksum, and it was never applied) or wholly present — never
+torn, even when it overwrote a full ring in place. A kill keeps the page cache, so none of
+this waits for the disk; surviving a power loss needs :meth:`flush` (fsync). Chunk files are
+plain Arrow once flushed or closed.
+
+**Every file is checked when it is opened** (``_arrow_checks.py``): the metadata's fields,
+types and ranges before anything is allocated; each chunk file's schema, row count, every
+buffer (``validate(full=True)``) and the addresses the gather kernel reads. Files are opened
+without following symlinks, and a symlinked directory is refused.
 
 When every leaf is fixed-shape, a *full* chunk is not rewritten: its fixed-size Arrow
 buffers are written in place through a writable mapping of the file (still valid Arrow), so
@@ -32,6 +52,7 @@ from __future__ import annotations
 
 import ctypes
 import json
+import mmap
 import os
 import warnings
 from pathlib import Path
@@ -44,7 +65,17 @@ from tensordict import NonTensorStack
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
 from rbdata._numba import HAS_NUMBA
 from rbdata._numba import voidptr as _nb_voidptr
-from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
+from rbdata.storages._arrow_checks import (
+    TORCH_TO_NUMPY,
+    arrow_type,
+    check_batch,
+    check_meta,
+    check_ragged,
+    check_views,
+    parse_meta,
+)
+from rbdata.storages._arrow_journal import JOURNAL_FILE, Journal, read_journal
+from rbdata.storages._files import check_dir, inside, open_nofollow, storage_dir
 from rbdata.storages.base import Prepared, Storage
 
 if HAS_NUMBA:  # pragma: no branch - numba is a core dependency
@@ -57,17 +88,9 @@ _VERSION = 1
 _META_FILE = "_rbdata.json"
 _DEFAULT_CHUNK = 1 << 16
 
-_TORCH_TO_NUMPY = {
-    torch.float64: np.float64,
-    torch.float32: np.float32,
-    torch.float16: np.float16,
-    torch.int64: np.int64,
-    torch.int32: np.int32,
-    torch.int16: np.int16,
-    torch.int8: np.int8,
-    torch.uint8: np.uint8,
-    torch.bool: np.bool_,
-}
+_MAX_META_BYTES = 1 << 24  # a metadata file is a few KiB
+_JOURNAL_LIMIT = 32 << 20  # journal bytes after which every row is written to the chunks
+_TORCH_TO_NUMPY = TORCH_TO_NUMPY
 
 
 def _pyarrow() -> Any:
@@ -151,12 +174,24 @@ class _Chunk:
     leaf (open chunks only; a sealed chunk reads them from ``batch``).
     """
 
-    __slots__ = ("base", "batch", "file", "fixed", "rows", "variable", "writable")
+    __slots__ = (
+        "base",
+        "batch",
+        "file",
+        "fixed",
+        "ident",
+        "mapped",
+        "rows",
+        "variable",
+        "writable",
+    )
 
     def __init__(self) -> None:
         self.batch: Any = None
         self.file: Path | None = None
         self.base = 0  # the address of the file's mapping (sealed)
+        self.ident = (0, 0)  # (st_dev, st_ino) of the mapped file
+        self.mapped: Any = None  # the writable np.memmap of the file (in-place writes)
         self.writable: list[np.ndarray] | None = None  # writable views of the file's columns
         self.fixed: list[np.ndarray] = []
         self.variable: list[list[Any]] = []
@@ -224,23 +259,19 @@ class ArrowStorage(Storage):
         if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
             raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
         self.chunk_size = min(chunk_size, self.capacity)
-        self._ragged = tuple((k,) if isinstance(k, str) else tuple(k) for k in ragged)
+        self._ragged = check_ragged(ragged)
         root, self._finalizer = storage_dir(self, path, "rbdata-arrow-")
-        self._path = root
+        self._path = check_dir(root, "ArrowStorage")
         self._init_state()
         self._write_meta()
-
-    def config(self) -> dict[str, Any]:
-        """``max_size``, ``chunk_size`` and the declared ``ragged`` keys."""
-        return {
-            "max_size": self.capacity,
-            "chunk_size": self.chunk_size,
-            "ragged": [list(k) for k in self._ragged],
-        }
+        self._journal: Journal | None = Journal(root)
 
     def _init_state(self) -> None:
-        n_chunks = -(-self.capacity // self.chunk_size)
-        self._chunks: list[_Chunk | None] = [None] * n_chunks
+        # chunks that hold rows, by number: nothing allocated per chunk the capacity allows
+        self._chunks: dict[int, _Chunk] = {}
+        self._epoch = 0  # the journal generation the metadata describes
+        self._replaying = False
+        self._journal = None
         self._fixed: list[int] = []  # positions of fixed-shape leaves in the layout
         self._variable: list[int] = []
         self._addresses: np.ndarray | None = None  # [fixed leaf, chunk] buffer addresses
@@ -250,54 +281,109 @@ class ArrowStorage(Storage):
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str]) -> ArrowStorage:
-        """Reopen a flushed or closed storage directory read/write (e.g. after a restart).
+    def open(cls, path: str | os.PathLike[str], *, recover: bool = True) -> ArrowStorage:
+        """Reopen a storage directory read/write (after a restart, a crash or a kill).
 
-        Chunk files are checked against the metadata: a missing or short chunk is refused.
+        Every field of the metadata and every chunk file the metadata names is checked
+        first (a clear ``ValueError`` naming the file, never a crash in a later read), then
+        the journal's whole records are replayed: every ``extend`` that returned is back,
+        a batch cut by a kill is wholly absent. The replayed rows are then written to the
+        chunk files (plain Arrow again) and the journal emptied.
+
+        Args:
+            path: the storage directory.
+            recover: replay the journal (default). ``False`` opens the state of the last
+                flush without writing anything (what an unpickled copy in another process
+                does: the owner may still be writing).
+
+        Raises:
+            FileNotFoundError: if ``path`` or its metadata file does not exist.
+            ValueError: for a symlinked directory or file, or corrupt metadata or chunks.
         """
         pa = _pyarrow()
         root = Path(path)
-        meta = read_meta(root, _META_FILE, _FORMAT, _VERSION, "ArrowStorage")
-        meta_file = root / _META_FILE
+        if root.is_symlink() or root.is_dir():
+            check_dir(root, "ArrowStorage")
+        meta_file = inside(root, _META_FILE, "metadata file")
+        if not meta_file.is_file():
+            raise FileNotFoundError(f"{str(root)!r} is not a ArrowStorage: no {_META_FILE}")
+        with open_nofollow(meta_file, "rb") as f:
+            if os.fstat(f.fileno()).st_size > _MAX_META_BYTES:
+                raise ValueError(f"{meta_file}: too large for a metadata file")
+            raw = f.read()
+        meta = check_meta(parse_meta(raw, meta_file), meta_file, _FORMAT, _VERSION)
+        length, cs = meta["length"], meta["chunk_size"]
+        needed = -(-length // cs)
+        # the metadata's sizes against the files present, before anything is allocated
+        present = sum(1 for e in os.scandir(root) if e.name.startswith("chunk-"))
+        files = []
+        for k in range(min(needed, present + 1)):
+            file = inside(root, _chunk_file(k), "chunk file")
+            if not file.is_file():
+                expected = min(cs, length - k * cs)
+                raise ValueError(f"{file}: missing; the metadata says {expected} rows")
+            files.append(file)
         self = cls.__new__(cls)
-        Storage.__init__(self, int(meta["capacity"]), device="cpu")
-        self.chunk_size = int(meta["chunk_size"])
-        self._ragged = tuple(tuple(k) for k in meta.get("ragged", []))
+        Storage.__init__(self, meta["capacity"], device="cpu")
+        self.chunk_size = cs
+        self._ragged = meta["ragged"]
         self._finalizer = None
         self._path = root
         self._init_state()
-        length, next_slot = int(meta["length"]), int(meta["next"])
-        if not 0 <= length <= self.capacity or not 0 <= next_slot < self.capacity:
-            raise ValueError(f"{meta_file}: length {length} / next slot {next_slot} out of range")
-        if "layout" in meta:
-            self._set_layout(Layout.from_json(meta["layout"]))
-        for k in range(len(self._chunks)):
-            expected = min(self.chunk_size, max(0, length - k * self.chunk_size))
-            file = root / _chunk_file(k)
-            if not expected:
-                continue
-            if not file.is_file():
-                raise ValueError(f"{file}: missing; the metadata says {expected} rows")
+        self._epoch = meta["epoch"]
+        if meta["layout"] is not None:
+            self._set_layout(meta["layout"])
+        for k, file in enumerate(files):
+            expected = min(cs, length - k * cs)
             try:
-                chunk = self._sealed_chunk(file)
-            except (OSError, pa.ArrowInvalid) as err:
+                chunk = self._sealed_chunk(file, k)
+            except (OSError, pa.ArrowException) as err:
                 raise ValueError(f"{file}: not a readable Arrow IPC file ({err})") from err
             if chunk.rows < expected:
                 raise ValueError(
                     f"{file}: {chunk.rows} rows, expected {expected}; truncated or corrupt"
                 )
             self._chunks[k] = chunk
-        self._length, self._next = length, next_slot
+        self._length, self._next = length, meta["next"]
+        if recover:
+            records = read_journal(root, self._epoch)
+            self._journal = Journal(root)
+            self._replay(records)
         return self
 
+    def _replay(self, records: list[tuple[int, memoryview]]) -> None:
+        """Apply whole journal records, then write every row to the chunks (see module)."""
+        if not records:
+            return
+        layout = self._layout
+        if layout is None:
+            raise ValueError(f"{self._path / JOURNAL_FILE}: records but no layout in the metadata")
+        self._replaying = True
+        try:
+            for n, body in records:
+                slots, payload = self._decode(n, body)
+                Storage.commit(self, slots, Prepared(payload, n, layout, True))
+                self._seal_left()
+        finally:
+            self._replaying = False
+        self._sync(fsync=True)
+
     def flush(self) -> None:
-        """Write every chunk held in memory to its file and the metadata (then plain Arrow)."""
-        if self._closed:
-            raise ValueError("the storage is closed")
-        for k, chunk in enumerate(self._chunks):
-            if chunk is not None and chunk.is_open:
-                self._seal(k)
-        self._write_meta()
+        """Write every row to the chunk files and the metadata, fsync'ed (then plain Arrow)."""
+        self._check_open()
+        self._sync(fsync=True)
+
+    def _sync(self, fsync: bool) -> None:
+        """Seal the open chunks, publish the metadata (a new epoch), empty the journal."""
+        for k, chunk in list(self._chunks.items()):
+            if chunk.is_open:
+                self._seal(k, fsync)
+            elif fsync and chunk.mapped is not None:
+                chunk.mapped.flush()
+        self._epoch += 1
+        self._write_meta(fsync)
+        if self._journal is not None:
+            self._journal.reset()
 
     def close(self) -> None:
         """Flush, then unmap the files; a temporary directory (``path=None``) is removed."""
@@ -305,8 +391,11 @@ class ArrowStorage(Storage):
             return
         if self._finalizer is None:
             self.flush()
-        self._chunks = [None] * len(self._chunks)
+        self._chunks = {}
         self._addresses = None
+        if self._journal is not None:
+            self._journal.close()
+            self._journal = None
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()
@@ -316,23 +405,38 @@ class ArrowStorage(Storage):
         return {"path": str(self._path)}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        other = type(self).open(state["path"])
+        # the owner may go on writing: a copy neither replays nor empties its journal
+        other = type(self).open(state["path"], recover=False)
         self.__dict__.update(other.__dict__)
         other.__dict__.clear()
 
     @property
     def path(self) -> Path:
         """The storage directory."""
+        self._check_open()
         return self._path
+
+    def config(self) -> dict[str, Any]:
+        """``max_size``, ``chunk_size`` and the declared ``ragged`` keys."""
+        self._check_open()
+        return {
+            "max_size": self.capacity,
+            "chunk_size": self.chunk_size,
+            "ragged": [list(k) for k in self._ragged],
+        }
 
     def clear(self) -> None:
         """Forget all items; the chunk files are removed (the layout is kept)."""
         super().clear()
-        for k in range(len(self._chunks)):
-            (self._path / _chunk_file(k)).unlink(missing_ok=True)
-        self._chunks = [None] * len(self._chunks)
+        self._chunks = {}
         self._addresses = None
+        self._epoch += 1  # first: the journal's records no longer apply
         self._write_meta()
+        if self._journal is not None:
+            self._journal.reset()
+        for file in self._path.iterdir():
+            if file.name.startswith("chunk-") and file.name.endswith(".arrow"):
+                file.unlink(missing_ok=True)
 
     def _write_meta(self, fsync: bool = True) -> None:
         meta: dict[str, Any] = {
@@ -343,10 +447,18 @@ class ArrowStorage(Storage):
             "ragged": [list(k) for k in self._ragged],
             "length": self._length,
             "next": self._next,
+            "epoch": self._epoch,
         }
         if self._layout is not None:
             meta["layout"] = self._layout.to_json()
-        atomic_write_json(self._path / _META_FILE, meta, fsync)
+        file = self._path / _META_FILE
+        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+        with open_nofollow(tmp, "wb") as f:
+            f.write(json.dumps(meta, indent=1).encode())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, file)
 
     # --- reading -----------------------------------------------------------------------------
     def column(self, key: str | Key, chunk: int = 0) -> Any:
@@ -356,11 +468,12 @@ class ArrowStorage(Storage):
         memory-mapped file (or the chunk held in memory); bool leaves are bit-packed in Arrow
         and come back as a copy. Variable leaves give a list.
         """
+        self._check_open()
         layout = self._layout
         key = (key,) if isinstance(key, str) else tuple(key)
         if layout is None or key not in layout.keys:
             raise KeyError(f"no key {key!r} in this storage")
-        c = self._chunks[chunk] if 0 <= chunk < len(self._chunks) else None
+        c = self._chunks.get(chunk) if isinstance(chunk, int) else None
         if c is None:
             raise IndexError(f"chunk {chunk} holds no rows")
         pos = layout.keys.index(key)
@@ -374,8 +487,7 @@ class ArrowStorage(Storage):
         return self._variable_rows(c, self._variable.index(pos), np.arange(rows))
 
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
-        if self._closed:  # the chunks are unmapped: the gather kernel would read address 0
-            raise ValueError("the storage is closed")
+        self._check_open()  # the chunks are unmapped: the gather kernel would read address 0
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
@@ -423,7 +535,6 @@ class ArrowStorage(Storage):
             where = np.nonzero(chunk_of == k)[0]
             rows = slots[where] - k * self.chunk_size
             c = self._chunks[k]
-            assert c is not None
             for w, v in zip(where.tolist(), self._variable_rows(c, j, rows), strict=True):
                 values[w] = v
         if leaf.kind == STRING:
@@ -448,12 +559,7 @@ class ArrowStorage(Storage):
         taken = c.batch.column(self._variable[j]).take(pa.array(rows))
         if leaf.kind == STRING:
             return [s if s is not None else "" for s in taken.to_pylist()]
-        lengths = pa.compute.list_value_length(taken).fill_null(0).to_numpy()
-        flat = taken.flatten()
-        if leaf.shape:
-            flat = flat.flatten()
-        values = flat.to_numpy(zero_copy_only=False).reshape(-1, *leaf.shape)
-        return np.split(values, np.cumsum(lengths)[:-1])
+        return _ragged_rows(pa, taken, leaf)
 
     # --- writing -------------------------------------------------------------------------
     def _infer_layout(self, data: Any, batched: bool) -> Layout:
@@ -482,18 +588,103 @@ class ArrowStorage(Storage):
         self._write_meta()
 
     def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
-        """Write prepared data, then write back every chunk the cursor has left."""
-        if self._closed:
-            raise ValueError("the storage is closed")
+        """Journal the write, apply it, then write back every chunk the cursor has left."""
+        self._check_open()
+        if prepared.layout is not None:
+            self._ensure_layout(prepared.layout)  # the metadata names the layout first
+        journal = self._journal
+        if journal is not None and not self._replaying:
+            self._log(journal, index, prepared)
         super().commit(index, prepared)
+        self._seal_left()
+        if journal is not None and journal.size > _JOURNAL_LIMIT:
+            self._sync(fsync=False)  # a kill keeps the page cache: no wait for the disk
+
+    def _seal_left(self) -> None:
         tail = self._next // self.chunk_size
-        sealed = False
-        for k, chunk in enumerate(self._chunks):
-            if chunk is not None and chunk.is_open and k != tail:
+        for k, chunk in list(self._chunks.items()):
+            if chunk.is_open and k != tail:
                 self._seal(k)
-                sealed = True
-        if sealed:  # durable at the next flush (fsync'ed): a write must not wait for the disk
-            self._write_meta(fsync=False)
+
+    # --- the journal -------------------------------------------------------------------------
+    def _log(self, journal: Journal, index: Any, prepared: Prepared) -> None:
+        """Append the write to the journal: slots, fixed rows raw, variable rows as Arrow."""
+        if isinstance(index, int):
+            slots = np.array([index], dtype=np.int64)
+        elif isinstance(index, list):
+            runs = [np.arange(r.start, r.stop, dtype=np.int64) for r in index]
+            slots = np.concatenate(runs) if runs else np.zeros(0, np.int64)
+        else:
+            slots = np.ascontiguousarray(index.numpy(), dtype=np.int64)
+        n = len(slots)
+        if not n:
+            return
+        layout = self._layout
+        assert layout is not None
+        payload = prepared.payload
+        if not prepared.batched:
+            payload = [
+                [v] if layout.leaves[i].kind != TENSOR else torch.as_tensor(v).unsqueeze(0)
+                for i, v in enumerate(payload)
+            ]
+        parts: list[Any] = [slots]
+        for a in self._fixed_arrays(payload):
+            parts.append(np.ascontiguousarray(a).view(np.uint8).reshape(-1))
+        if self._variable:
+            pa = _pyarrow()
+            columns, names = [], []
+            for pos in self._variable:
+                leaf = layout.leaves[pos]
+                values = self._variable_values(pos, list(payload[pos]))
+                if leaf.kind == STRING:
+                    columns.append(pa.array(values, pa.string()))
+                else:
+                    columns.append(_ragged_array(pa, values, leaf))
+                names.append(str(pos))
+            batch = pa.RecordBatch.from_arrays(columns, names=names)
+            sink = pa.BufferOutputStream()
+            with pa.ipc.new_stream(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            parts.append(sink.getvalue())
+        journal.append(self._epoch, n, parts)
+
+    def _decode(self, n: int, body: memoryview) -> tuple[torch.Tensor, list[Any]]:
+        """A journal record back to slots and a batched payload; ``ValueError`` if it is wrong."""
+        layout = self._layout
+        assert layout is not None
+        where = self._path / JOURNAL_FILE
+        fixed_bytes = int(self._row_bytes.sum()) * n
+        if n < 1 or n > 1 << 40 or len(body) < 8 * n + fixed_bytes:
+            raise ValueError(f"{where}: a record of {n} rows holds {len(body)} bytes")
+        slots = np.frombuffer(body, np.int64, n).copy()
+        if slots.min() < 0 or slots.max() >= self.capacity:
+            raise ValueError(f"{where}: a record writes slots outside [0, {self.capacity})")
+        payload: list[Any] = [None] * len(layout.leaves)
+        offset = 8 * n
+        for pos, (shape, dtype), width in zip(
+            self._fixed, self._specs, self._row_bytes.tolist(), strict=True
+        ):
+            raw = np.frombuffer(body, np.uint8, width * n, offset).copy()
+            payload[pos] = torch.from_numpy(raw).view(dtype).reshape(n, *shape)
+            offset += width * n
+        if self._variable:
+            pa = _pyarrow()
+            try:
+                batch = pa.ipc.open_stream(pa.py_buffer(body[offset:])).read_next_batch()
+                batch.validate(full=True)
+            except pa.ArrowException as err:
+                raise ValueError(f"{where}: a corrupt record ({err})") from None
+            for j, pos in enumerate(self._variable):
+                leaf = layout.leaves[pos]
+                column = batch.column(j)
+                if len(column) != n or not column.type.equals(_arrow_type(pa, leaf)):
+                    raise ValueError(f"{where}: a record's column {leaf.name} does not fit")
+                if leaf.kind == STRING:
+                    payload[pos] = [s if s is not None else "" for s in column.to_pylist()]
+                else:
+                    rows = _ragged_rows(pa, column, leaf)
+                    payload[pos] = [torch.from_numpy(np.array(r)) for r in rows]
+        return torch.from_numpy(slots), payload
 
     def _set_length(self, n: int) -> None:
         # rows between the old and the new length exist (zeros, empty, "") in open chunks
@@ -501,10 +692,13 @@ class ArrowStorage(Storage):
         for k in range(self._length // cs, -(-n // cs)):
             self._open_chunk(k)
         self._length = n
+        if n == 0:
+            self._chunks = {}
+            self._addresses = None
 
     def _open_chunk(self, k: int) -> _Chunk:
         """The chunk ``k`` in memory, opened from its file (a copy) or new."""
-        chunk = self._chunks[k]
+        chunk = self._chunks.get(k)
         if chunk is not None and chunk.is_open:
             return chunk
         layout = self._layout
@@ -594,11 +788,11 @@ class ArrowStorage(Storage):
                     column[r] = v
 
     # --- chunk files -----------------------------------------------------------------------
-    def _seal(self, k: int) -> None:
+    def _seal(self, k: int, fsync: bool = False) -> None:
         """Write open chunk ``k`` (its filled rows) to its file and map the file."""
         pa = _pyarrow()
         chunk = self._chunks[k]
-        assert chunk is not None and chunk.is_open
+        assert chunk.is_open
         layout = self._layout
         assert layout is not None
         rows = min(chunk.rows, max(0, self._length - k * self.chunk_size))
@@ -620,40 +814,60 @@ class ArrowStorage(Storage):
         batch = pa.RecordBatch.from_arrays(columns, schema=pa.schema(fields))
         file = self._path / _chunk_file(k)
         tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
-        with pa.OSFile(str(tmp), "wb") as sink, pa.ipc.new_file(sink, batch.schema) as writer:
-            writer.write_batch(batch)
-        os.replace(tmp, file)
-        self._chunks[k] = self._sealed_chunk(file)
+        with open_nofollow(tmp, "wb") as f, pa.PythonFile(f, mode="w") as sink:
+            # open_nofollow: a planted symlink is refused, never followed
+            with pa.ipc.new_file(sink, batch.schema) as writer:
+                writer.write_batch(batch)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, file)  # replaces a symlink itself, never its target
+        self._chunks[k] = self._sealed_chunk(file, k)
         self._addresses = None
 
-    def _sealed_chunk(self, file: Path) -> _Chunk:
-        """Map a chunk file: zero-copy read-only views of its fixed-shape columns."""
+    def _sealed_chunk(self, file: Path, k: int) -> _Chunk:
+        """Map a chunk file, check it against the layout, and view its fixed-shape columns.
+
+        Everything the gather kernel, the views and the in-place writes will touch is
+        checked here, once (see :func:`~rbdata.storages._arrow_checks.check_batch`).
+        """
         pa = _pyarrow()
         layout = self._layout
-        assert layout is not None
-        source = pa.memory_map(str(file))
+        if layout is None:
+            raise ValueError(f"{file}: a chunk file but no layout in the metadata")
+        with open_nofollow(file, "rb") as f:
+            stat = os.fstat(f.fileno())
+            if stat.st_size == 0:
+                raise ValueError(f"{file}: an empty file, not an Arrow IPC file")
+            mapping = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        buffer = pa.py_buffer(mapping)
         chunk = _Chunk()
         chunk.file = file
-        chunk.base = source.read_buffer(1).address  # byte 0 of the mapping
-        source.seek(0)
-        batch = chunk.batch = pa.ipc.open_file(source).get_batch(0)
-        chunk.rows = batch.num_rows
-        for pos in self._fixed:
-            leaf = layout.leaves[pos]
-            column = batch.column(pos)
-            flat = column.flatten() if leaf.shape else column
-            view = flat.to_numpy(zero_copy_only=True)  # bools are stored as uint8
-            expected = np.uint8 if leaf.dtype is torch.bool else _TORCH_TO_NUMPY[leaf.dtype]
-            if view.dtype != expected or view.size != batch.num_rows * leaf.numel:
-                # the gather kernel trusts these buffers: a foreign file must not reach it
+        chunk.ident = (stat.st_dev, stat.st_ino)
+        chunk.base = buffer.address  # byte 0 of the mapping
+        try:
+            reader = pa.ipc.open_file(pa.BufferReader(buffer))
+            if reader.num_record_batches != 1:
+                raise ValueError(f"{file}: {reader.num_record_batches} record batches, expected 1")
+            batch = chunk.batch = reader.get_batch(0)
+            if batch.num_columns != len(layout.leaves):
                 raise ValueError(
-                    f"{file}: column {_column_name(leaf.key)!r} holds {view.size} "
-                    f"{view.dtype} values, expected {batch.num_rows * leaf.numel} "
-                    f"{np.dtype(expected)} for the layout"
+                    f"{file}: {batch.num_columns} columns, expected {len(layout.leaves)}"
                 )
-            if leaf.dtype is torch.bool:
-                view = view.view(np.bool_)
-            chunk.fixed.append(view.reshape(batch.num_rows, *leaf.shape))
+            full = min(self.chunk_size, self.capacity - k * self.chunk_size)
+            check_batch(pa, batch, layout, file, full, (chunk.base, stat.st_size))
+            chunk.rows = batch.num_rows
+            for pos in self._fixed:
+                leaf = layout.leaves[pos]
+                column = batch.column(pos)
+                flat = column.flatten() if leaf.shape else column
+                view = flat.to_numpy(zero_copy_only=True)  # bools are stored as uint8
+                if leaf.dtype is torch.bool:
+                    view = view.view(np.bool_)
+                chunk.fixed.append(view.reshape(batch.num_rows, *leaf.shape))
+            check_views(layout, file, batch.num_rows, (chunk.base, stat.st_size), chunk.fixed)
+        except pa.ArrowException as err:
+            raise ValueError(f"{file}: not a readable Arrow IPC file ({err})") from None
         return chunk
 
     def _targets(self, k: int) -> tuple[list[np.ndarray], _Chunk]:
@@ -663,13 +877,19 @@ class ArrowStorage(Storage):
         through a writable mapping of its file (fixed-size Arrow buffers stay valid Arrow),
         like :class:`MemmapStorage`: a ring on its second lap rewrites no file.
         """
-        chunk = self._chunks[k]
+        chunk = self._chunks.get(k)
         full = min(self.chunk_size, self.capacity - k * self.chunk_size)
         if chunk is None or chunk.is_open or self._variable or chunk.rows != full:
             chunk = self._open_chunk(k)
             return chunk.fixed, chunk
         if chunk.writable is None:
-            whole = np.memmap(chunk.file, dtype=np.uint8, mode="r+")  # type: ignore[call-overload]
+            assert chunk.file is not None
+            with open_nofollow(chunk.file, "r+b") as f:  # never through a symlink
+                stat = os.fstat(f.fileno())
+                if (stat.st_dev, stat.st_ino) != chunk.ident:
+                    raise ValueError(f"{chunk.file}: replaced since it was opened")
+                whole = np.memmap(f, dtype=np.uint8, mode="r+")
+            chunk.mapped = whole
             views = []
             for view in chunk.fixed:
                 start = view.ctypes.data - chunk.base
@@ -679,12 +899,27 @@ class ArrowStorage(Storage):
         return chunk.writable, chunk
 
     def _refresh_addresses(self) -> None:
-        addresses = np.zeros((len(self._fixed), len(self._chunks)), np.int64)
-        for k, chunk in enumerate(self._chunks):
-            if chunk is not None:
+        # columns for the chunks that hold rows (the gather reads slots < len only)
+        n = -(-self._length // self.chunk_size)
+        addresses = np.zeros((len(self._fixed), n), np.int64)
+        for k, chunk in self._chunks.items():
+            if k < n:
                 for j, array in enumerate(chunk.fixed):
                     addresses[j, k] = array.ctypes.data
         self._addresses = addresses
+
+
+def _ragged_rows(pa: Any, column: Any, leaf: Leaf) -> list[np.ndarray]:
+    """The rows of a ``list<...>`` column as arrays ``[L_i, *shape]``."""
+    lengths = pa.compute.list_value_length(column).fill_null(0).to_numpy()
+    flat = column.flatten()
+    if leaf.shape:
+        flat = flat.flatten()
+    values = flat.to_numpy(zero_copy_only=False).reshape(-1, *leaf.shape)
+    return np.split(values, np.cumsum(lengths)[:-1])
+
+
+_arrow_type = arrow_type
 
 
 def _fixed_array(pa: Any, values: np.ndarray, leaf: Leaf) -> Any:

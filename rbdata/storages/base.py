@@ -9,7 +9,6 @@ size before choosing slots; ``set`` is both in one call.
 
 from __future__ import annotations
 
-import numbers
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -17,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from rbdata._index import IndexBatch, as_index_tensor, check_capacity, normalize_int
-from rbdata._layout import Layout, is_structured, stack_items
+from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capacity, normalize_int
+from rbdata._layout import EMPTY_BATCH, Layout, is_structured, stack_items
 
 __all__ = ["Prepared", "Storage", "WriteIndex"]
 
@@ -124,9 +123,15 @@ class Storage(Dataset[Any]):
         return f"{name}(len={len(self)}, capacity={self.capacity}, layout={self._layout})"
 
     def __getitem__(self, index: Any) -> Any:
+        """The item at an integer ``index``, else the batch of items at ``index``.
+
+        An integer is an ``int``, a numpy integer or a 0-d integer tensor or array; anything
+        else goes to :meth:`__getitems__`.
+        """
         self._check_open()
-        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
-            return self._get(normalize_int(int(index), len(self)))
+        i = as_int_index(index)
+        if i is not None:
+            return self._get(normalize_int(i, len(self)))
         return self.__getitems__(index)
 
     def __getitems__(self, indices: Any) -> Any:
@@ -144,12 +149,24 @@ class Storage(Dataset[Any]):
     def set(self, index: WriteIndex, data: Any) -> None:
         """Write ``data`` at ``index``: one item at an int, else a batch (leading dim = count).
 
+        Slots run over the whole capacity (a write past ``len`` grows the storage), but
+        negative indices count from ``len`` like a Python list's: ``set(-1, x)`` replaces
+        the last item, and a slice with a negative bound is resolved against ``len``.
         Everything is validated before anything is written.
+
+        Raises:
+            IndexError: a slot outside ``[-len, capacity)``.
+            ValueError, TypeError: bad data (see :meth:`prepare`); nothing is written.
         """
         self._check_open()
-        if isinstance(index, numbers.Integral) and not isinstance(index, bool):
+        i = as_int_index(index)
+        if i is not None:
             prepared = self.prepare(data, batched=False)
-            self.commit(normalize_int(int(index), self.capacity, "storage", "capacity"), prepared)
+            if i < 0:  # like a Python list: from the end of the items, not of the capacity
+                slot = normalize_int(i, len(self), "storage", "length")
+            else:
+                slot = normalize_int(i, self.capacity, "storage", "capacity")
+            self.commit(slot, prepared)
             return
         prepared = self.prepare(data, batched=True)
         target = self._write_target(index, prepared.n)
@@ -167,15 +184,29 @@ class Storage(Dataset[Any]):
 
     # --- two-phase writes ----------------------------------------------------------------
     def prepare(self, data: Any, batched: bool) -> Prepared:
-        """Validate ``data`` against the layout (inferring it on the first write)."""
+        """Validate ``data`` against the layout (inferring it on the first write).
+
+        Everything that can fail happens here, so that :meth:`commit` cannot fail half-way:
+        the payload is detached from autograd, dense, on :meth:`_payload_device`, and holds
+        values the layout's dtypes keep (narrowing casts are checked value by value; the
+        write casts while it copies, which cannot fail then).
+
+        Raises:
+            ValueError: bad keys, shapes or values (see :meth:`Layout.split`), or an empty
+                list of items.
+            TypeError: data of the wrong kind or dtype.
+        """
         self._check_open()
         layout = self._current_layout()
-        if batched and isinstance(data, (list, tuple)) and data and is_structured(data[0]):
-            data = stack_items(data)
+        if batched and isinstance(data, (list, tuple)):
+            if not data:
+                raise ValueError(EMPTY_BATCH)
+            if is_structured(data[0]):
+                data = stack_items(data)
         if layout is None:
             layout = self._infer_layout(data, batched)
-        tensors, n = layout.split(data, batched)
-        return Prepared(list(tensors), n, layout, batched)
+        tensors, n = layout.split(data, batched, self._payload_device(), self._densify)
+        return Prepared(tensors, n, layout, batched)
 
     def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
         """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
@@ -187,7 +218,7 @@ class Storage(Dataset[Any]):
             top = last = index + 1
         elif isinstance(index, list):
             self._write(index, prepared.payload)
-            top = max((run.stop for run in index), default=0)
+            top = index[0].stop if len(index) == 1 else max((r.stop for r in index), default=0)
             last = index[-1].stop if index else self.next_slot
         else:
             self._write(index, prepared.payload)
@@ -199,8 +230,16 @@ class Storage(Dataset[Any]):
 
     def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
         cap = self.capacity
-        if isinstance(index, slice):
-            index = [slice(*index.indices(cap))]
+        if type(index) is slice:  # the common case first: one run
+            lo, hi = index.start, index.stop
+            negative = (lo is not None and lo < 0) or (hi is not None and hi < 0)
+            start, stop, step = index.indices(len(self) if negative else cap)
+            if step != 1:
+                return self._write_target(torch.arange(start, stop, step), n)
+            stop = max(start, stop)
+            if stop - start != n:
+                raise ValueError(f"index: {stop - start} slots for a batch of {n} items")
+            return [slice(start, stop)]
         if isinstance(index, list) and index and all(isinstance(s, slice) for s in index):
             runs = []
             for run in index:
@@ -212,7 +251,7 @@ class Storage(Dataset[Any]):
             if count != n:
                 raise ValueError(f"index: {count} slots for a batch of {n} items")
             return runs
-        idx = as_index_tensor(index, cap, "storage", "capacity")
+        idx = as_index_tensor(index, cap, "storage", "capacity", negative_base=len(self))
         if idx.numel() != n:
             raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
         return idx
@@ -225,6 +264,13 @@ class Storage(Dataset[Any]):
 
     def _current_layout(self) -> Layout | None:
         return self._layout
+
+    #: Whether ``prepare`` turns sparse leaves dense (``False``: it refuses them).
+    _densify = True
+
+    def _payload_device(self) -> torch.device | None:
+        """Where ``prepare`` puts the leaves: the storage's device (``None``: anywhere)."""
+        return self._device
 
     def _infer_layout(self, data: Any, batched: bool) -> Layout:
         """The layout a first write gives (fixed-shape tensor leaves; storages may widen it)."""

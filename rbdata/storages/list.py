@@ -14,6 +14,25 @@ from rbdata.storages.base import Prepared, Storage
 __all__ = ["ListStorage"]
 
 
+def _detached(obj: Any) -> Any:
+    """``obj`` with tensors that require grad detached (inside tuples, lists, dicts too).
+
+    Containers are rebuilt only where a tensor inside changed, so most objects are kept
+    as they are (the same object).
+    """
+    if isinstance(obj, torch.Tensor):
+        return obj.detach() if obj.requires_grad else obj
+    if type(obj) in (tuple, list):
+        items = [_detached(x) for x in obj]
+        if any(a is not b for a, b in zip(items, obj, strict=True)):
+            return type(obj)(items)
+    elif type(obj) is dict:
+        values = {k: _detached(v) for k, v in obj.items()}
+        if any(values[k] is not v for k, v in obj.items()):
+            return values
+    return obj
+
+
 def _collate(items: list[Any]) -> Any:
     try:
         return default_collate(items)
@@ -27,7 +46,8 @@ class ListStorage(Storage):
     Tensors, TensorDicts and dicts of tensors are validated against the layout of the first
     write like in the tensor storages and come back stacked; other objects are kept as they
     are and come back collated by :func:`torch.utils.data.default_collate` where it can
-    (numbers, tuples of numbers), else as a list.
+    (numbers, tuples of numbers), else as a list. An empty list is an empty batch: it
+    writes nothing (the tensor storages refuse it with a message saying what to pass).
 
     Args:
         max_size: capacity in items.
@@ -39,23 +59,47 @@ class ListStorage(Storage):
         {'any': 'object'}
     """
 
+    #: Sparse tensors are refused, not densified: the storage keeps the given tensors and
+    #: stacks them on reads, which a mix of layouts would break.
+    _densify = False
+
     def __init__(self, max_size: int) -> None:
         super().__init__(max_size)
         self._items: list[Any] = []
         self._objects = False
+        # where the stored tensors are (the first write's device); later writes move there,
+        # so that every batch stacks
+        self._item_device: torch.device | None = None
 
     def prepare(self, data: Any, batched: bool) -> Prepared:
-        """Validate tensor-like data against the layout; take any other objects as they are."""
+        """Validate tensor-like data against the layout; take any other objects as they are.
+
+        Tensors are detached from autograd (objects too: tensors inside tuples, lists and
+        dicts), so the storage never holds the caller's graph. Tensor-like data must be
+        stackable into batches: sparse, nested and ``meta`` tensors are refused.
+        """
+        self._check_open()
+        if batched and isinstance(data, (list, tuple)) and not data:
+            # a list is this storage's own batch of items: an empty one writes nothing (and
+            # fixes nothing: the first real write still chooses objects or tensors)
+            return Prepared([], 0, None, batched)
         if self._objects or (self._layout is None and not self._is_tensor_like(data, batched)):
             if not batched:
-                return Prepared([data], 1, None, batched)
+                return Prepared([_detached(data)], 1, None, batched)
             if not isinstance(data, Sequence) or isinstance(data, (str, bytes)):
                 raise TypeError(
                     f"data: expected a sequence of items for a batch of objects, "
                     f"got {type(data).__name__}"
                 )
-            return Prepared(list(data), len(data), None, batched)
+            return Prepared([_detached(x) for x in data], len(data), None, batched)
         return super().prepare(data, batched)
+
+    def _payload_device(self) -> torch.device | None:
+        if self._item_device is None and self._layout is not None:  # e.g. restored items
+            row = next((row for row in self._items if row is not None), None)
+            if row:
+                self._item_device = row[0].device
+        return self._item_device
 
     @staticmethod
     def _is_tensor_like(data: Any, batched: bool) -> bool:
@@ -65,15 +109,17 @@ class ListStorage(Storage):
 
     def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
         """Write prepared data; the first write of non-tensor objects fixes the object mode."""
-        if self._layout is None and prepared.layout is None:
+        if self._layout is None and prepared.layout is None and prepared.n:
             self._objects = True
         super().commit(index, prepared)
+        if self._item_device is None and prepared.layout is not None and prepared.payload:
+            self._item_device = prepared.payload[0].device
 
     def _allocate(self, layout: Layout) -> None:
         pass
 
     def _rows(self, payload: list[Any], n: int, batched: bool) -> list[Any]:
-        if self._objects:
+        if self._objects or not payload:  # objects, or an empty list of items
             return payload
         layout = self._layout
         assert layout is not None
@@ -125,3 +171,4 @@ class ListStorage(Storage):
         """Forget all items and drop the references to them."""
         super().clear()
         self._items = []
+        self._item_device = None

@@ -3,262 +3,67 @@
 On disk, a storage directory holds:
 
 - ``layout.json``: format name and version, capacity, keys, per-item shapes, dtypes, file names;
-- one raw file per leaf (``capacity * item bytes``), written through tensordict's
-  :class:`~tensordict.MemoryMappedTensor`;
-- ``header.bin``: a 64-byte memory-mapped header of int64s: the filled length, then the slot
-  after the last write (where a ring writer resumes). It is updated after the data of each
-  write, in shared memory, so a write whose ``extend`` returned is visible to
-  :meth:`MemmapStorage.open` even if the writing process died right after.
+- one raw file per leaf (``capacity * item bytes``), its space reserved when it is created
+  (``posix_fallocate``: a full disk is an ``OSError`` at the first extend, never a SIGBUS);
+- ``header.bin``: the filled length and the slot after the last write (where a ring writer
+  resumes), as a double record switched by one 8-byte store (see
+  :mod:`rbdata.storages._journal`);
+- ``journal.bin``: the redo journal of the last write that overwrote live items.
+
+Every write is atomic across a SIGKILL of the writing process: after :meth:`MemmapStorage.open`
+each batch is wholly present or wholly absent, and every batch whose ``extend`` returned is
+present. A write into free slots only (the first lap) writes the rows, then publishes the
+header: killed before, the batch is absent. A write that overwrites live slots first writes the
+new rows and their slots to the journal and commits it (a checksum stored last), then copies the
+rows into the files, publishes the header and clears the journal; ``open`` replays a committed
+journal (idempotent) and ignores an uncommitted one. This relies on the page cache outliving the
+process; against power loss call :meth:`MemmapStorage.flush` (``msync``) after the writes that
+must be durable. Only plain file names inside the directory are used, never symlinks.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
-import mmap
 import os
-import re
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
-from tensordict import MemoryMappedTensor
 
 from rbdata._layout import Layout
-from rbdata.storages._files import atomic_write_json, read_meta, storage_dir
+from rbdata.storages._files import (
+    atomic_write_json,
+    inside,
+    storage_dir,
+)
+from rbdata.storages._journal import (
+    Header,
+    Journal,
+    Plan,
+    create_file,
+    map_file,
+    read_orphan,
+)
+from rbdata.storages._memmap_files import (
+    HEADER_FILE,
+    JOURNAL_FILE,
+    LAYOUT_FILE,
+    bad_field,
+    check_meta,
+    layout_meta,
+    read_layout,
+)
+from rbdata.storages.base import Prepared
 from rbdata.storages.tensor import TensorStorage
 
-__all__ = ["DirectoryWriter", "MemmapStorage", "write_directory"]
-
-_FORMAT = "rbdata.memmap"
-_VERSION = 1
-_LAYOUT_FILE = "layout.json"
-_HEADER_FILE = "header.bin"
-_HEADER_BYTES = 64
-
-
-def _leaf_file(i: int, key: tuple[str, ...]) -> str:
-    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", ".".join(key) or "data")[:64]
-    return f"{i:03d}-{safe}.bin"
-
-
-class _Header:
-    """A tiny shared, memory-mapped int64 array; slot 0 is the filled length.
-
-    A private header (``private=True``) is a copy in this process's memory instead.
-    """
-
-    def __init__(self, path: Path, create: bool, private: bool = False) -> None:
-        self._mmap: mmap.mmap | None = None
-        if create:
-            with open(path, "wb") as f:
-                f.write(b"\0" * _HEADER_BYTES)
-                f.flush()
-                os.fsync(f.fileno())
-        with open(path, "rb" if private else "r+b") as f:
-            if os.fstat(f.fileno()).st_size != _HEADER_BYTES:
-                raise ValueError(f"{path}: expected a {_HEADER_BYTES}-byte header, file is corrupt")
-            if private:
-                self.values = np.fromfile(f, dtype=np.int64)
-                return
-            self._mmap = mmap.mmap(f.fileno(), _HEADER_BYTES)
-        self.values = np.frombuffer(self._mmap, dtype=np.int64)
-
-    @classmethod
-    def private_copy(cls, length: int, next_slot: int) -> _Header:
-        """A private header holding ``length`` and ``next_slot`` (no file)."""
-        self = cls.__new__(cls)
-        self._mmap = None
-        self.values = np.zeros(_HEADER_BYTES // 8, dtype=np.int64)
-        self.values[:2] = length, next_slot
-        return self
-
-    def close(self) -> None:
-        del self.values
-        if self._mmap is not None:
-            self._mmap.close()
-
-
-def _meta(capacity: int, layout: Layout | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"format": _FORMAT, "version": _VERSION, "capacity": capacity}
-    if layout is not None:
-        meta["layout"] = layout.to_json()
-        meta["files"] = [_leaf_file(i, leaf.key) for i, leaf in enumerate(layout.leaves)]
-    return meta
-
-
-def _write_file(file: Path, chunks: Any, size: int, fsync: bool) -> None:
-    with open(file, "wb") as f:
-        for chunk in chunks:
-            f.write(memoryview(chunk))
-        f.truncate(size)  # rows past the length read as zeros (a sparse tail)
-        if fsync:
-            f.flush()
-            os.fsync(f.fileno())
-
-
-def _row_blocks(buf: torch.Tensor, n: int, block_bytes: int = 1 << 26) -> Any:
-    """The bytes of ``buf[:n]`` as numpy uint8 arrays (blocks copied to the CPU if needed)."""
-    row = max(1, buf[0].numel() * buf.element_size()) if buf.shape[0] else 1
-    step = max(1, block_bytes // row) if buf.device.type != "cpu" else max(n, 1)
-    for start in range(0, n, step):
-        part = buf[start : min(n, start + step)].detach().cpu().contiguous().reshape(-1)
-        yield part.view(torch.uint8).numpy()
-
-
-def write_directory(
-    storage: TensorStorage, path: str | os.PathLike[str], fsync: bool = True
-) -> None:
-    """Write a :class:`TensorStorage` (CPU, CUDA or memmap) as a new storage directory.
-
-    :meth:`MemmapStorage.open` reads the directory; every file is fsync'ed unless
-    ``fsync=False``. Whole arrays are written: the filled rows, then a sparse zero tail up to
-    the capacity.
-
-    Examples:
-        >>> import tempfile, torch
-        >>> src = TensorStorage(8)
-        >>> src.set(slice(0, 3), torch.arange(6.0).view(3, 2))
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     write_directory(src, tmp + "/copy")
-        ...     copy = MemmapStorage.open(tmp + "/copy")
-        ...     print(len(copy), copy[2].tolist())
-        ...     copy.close()
-        3 [4.0, 5.0]
-    """
-    root = Path(path)
-    root.mkdir(parents=True)
-    n, layout = len(storage), storage.layout
-    header = _Header.private_copy(n, storage.next_slot).values
-    _write_file(root / _HEADER_FILE, [header.view(np.uint8)], _HEADER_BYTES, fsync)
-    meta = _meta(storage.capacity, layout)
-    if layout is not None:
-        jobs = sorted(
-            zip(meta["files"], storage.buffers, strict=True),
-            key=lambda job: -job[1].numel() * job[1].element_size(),
-        )
-
-        def write(job: tuple[str, torch.Tensor]) -> None:
-            name, buf = job
-            size = buf.numel() * buf.element_size()
-            _write_file(root / name, _row_blocks(buf, n), size, fsync)
-
-        # two files at a time: one's copy overlaps the other's fsync (both release the GIL)
-        with ThreadPoolExecutor(max_workers=2) as pool:
-            list(pool.map(write, jobs))
-    atomic_write_json(root / _LAYOUT_FILE, meta, fsync)
-
-
-def _sync_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.fdatasync(fd)
-
-
-class DirectoryWriter:
-    """Write a new storage directory front to back, block by block, with plain file writes.
-
-    For building a large storage (an offline dataset) with memory bounded by one block: the
-    rows go to the leaf files with ``write``, not through a memory mapping, so written pages
-    are page cache, not resident memory of the process. The directory is complete (layout,
-    header, files of full size) only after :meth:`close`; :meth:`MemmapStorage.open` reads it.
-
-    Args:
-        path: the new directory (must not exist, or be empty).
-        capacity: slots of the storage; ``close`` fills the files up to it (sparse zeros).
-        layout: keys, per-item shapes and dtypes of the rows (fixed-shape tensors only).
-        fsync: fsync every file at ``close``.
-
-    Examples:
-        >>> import tempfile, torch
-        >>> from rbdata._layout import Layout
-        >>> layout = Layout.from_data({"obs": torch.zeros(1, 2)}, batched=True)
-        >>> with tempfile.TemporaryDirectory() as tmp:
-        ...     writer = DirectoryWriter(tmp + "/d", 4, layout)
-        ...     writer.write([torch.arange(6.0).view(3, 2)])
-        ...     writer.close()
-        ...     storage = MemmapStorage.open(tmp + "/d")
-        ...     print(len(storage), storage[2]["obs"].tolist())
-        ...     storage.close()
-        3 [4.0, 5.0]
-    """
-
-    def __init__(
-        self, path: str | os.PathLike[str], capacity: int, layout: Layout, *, fsync: bool = True
-    ) -> None:
-        if not layout.fixed:
-            raise TypeError(f"MemmapStorage keeps fixed-shape tensors only, got {layout}")
-        self.root = Path(path)
-        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
-            raise FileExistsError(f"path {str(self.root)!r} already holds data")
-        self.root.mkdir(parents=True, exist_ok=True)
-        self.capacity = capacity
-        self.layout = layout
-        self.rows = 0
-        self._fsync = fsync
-        self._meta = _meta(capacity, layout)
-        self._files = [open(self.root / name, "wb") for name in self._meta["files"]]  # noqa: SIM115
-        # with fsync, each block's writeback runs in a thread (fdatasync releases the GIL)
-        # while the caller prepares the next block, so close() waits for one block, not all
-        self._syncer = ThreadPoolExecutor(max_workers=1) if fsync else None
-        self._pending: Any = None
-
-    def write(self, tensors: list[torch.Tensor]) -> None:
-        """Append rows: one CPU tensor per leaf in layout order, same leading dimension."""
-        n = int(tensors[0].shape[0]) if tensors else 0
-        if self.rows + n > self.capacity:
-            raise ValueError(f"{self.rows + n} rows written, capacity {self.capacity}")
-        for f, leaf, t in zip(self._files, self.layout.leaves, tensors, strict=True):
-            if tuple(t.shape) != (n, *leaf.shape) or t.dtype != leaf.dtype:
-                raise ValueError(
-                    f"key {leaf.name}: expected {leaf.dtype} {[n, *leaf.shape]}, got "
-                    f"{t.dtype} {list(t.shape)}"
-                )
-            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
-        self.rows += n
-        if self._syncer is not None:
-            self._wait()
-            for f in self._files:
-                f.flush()
-            fds = [f.fileno() for f in self._files]
-            self._pending = self._syncer.submit(_sync_all, fds)
-
-    def _wait(self) -> None:
-        pending, self._pending = self._pending, None
-        if pending is not None:
-            pending.result()
-
-    def close(self) -> None:
-        """Size the files to the capacity, write the header and the layout (the last step)."""
-        self._wait()
-        self._shutdown()
-        for f, leaf in zip(self._files, self.layout.leaves, strict=True):
-            f.truncate(self.capacity * leaf.numel * leaf.dtype.itemsize)
-            if self._fsync:
-                f.flush()
-                os.fsync(f.fileno())
-            f.close()
-        header = _Header.private_copy(self.rows, self.rows % self.capacity).values
-        _write_file(self.root / _HEADER_FILE, [header.view(np.uint8)], _HEADER_BYTES, self._fsync)
-        atomic_write_json(self.root / _LAYOUT_FILE, self._meta, self._fsync)
-
-    def abort(self) -> None:
-        """Close the files without finishing the directory (the caller removes it)."""
-        with contextlib.suppress(OSError):
-            self._wait()
-        self._shutdown()
-        for f in self._files:
-            f.close()
-
-    def _shutdown(self) -> None:
-        if self._syncer is not None:
-            self._syncer.shutdown(wait=True)
-            self._syncer = None
+__all__ = ["MemmapStorage"]
 
 
 class MemmapStorage(TensorStorage):
     """Items in memory-mapped files, one per leaf, plus a JSON layout and a tiny header.
+
+    Every write is atomic across a SIGKILL (see the module docstring); one process writes at a
+    time (others may read, and write when it is done).
 
     Args:
         max_size: capacity in items.
@@ -285,15 +90,20 @@ class MemmapStorage(TensorStorage):
         root, self._finalizer = storage_dir(self, path, "rbdata-memmap-")
         self._path = root
         self._private = False
-        self._header = _Header(root / _HEADER_FILE, create=True)
-        atomic_write_json(root / _LAYOUT_FILE, self._meta(None))
+        self._journal: Journal | None = None
+        self._data_files: list[Path] = []
+        self._header = Header(root / HEADER_FILE, create=True)
+        atomic_write_json(root / LAYOUT_FILE, self._meta(None))
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
     def open(cls, path: str | os.PathLike[str], copy_on_write: bool = False) -> MemmapStorage:
-        """Reopen an existing storage directory (e.g. after a restart).
+        """Reopen an existing storage directory (e.g. after a restart or a crash).
 
-        File sizes are checked against the layout: a truncated or foreign file is refused.
+        Everything read is validated first: every field of ``layout.json`` and of the header
+        (length and next slot in range), the file names (plain names inside the directory,
+        no symlinks) and the file sizes. A committed journal left by a killed writer is
+        replayed, an uncommitted one ignored.
 
         Args:
             path: the storage directory.
@@ -301,71 +111,100 @@ class MemmapStorage(TensorStorage):
                 writes stay in this process's memory and never reach the files (how a
                 checkpoint is loaded). Such a storage pickles its data, not its path.
                 ``False`` (default): read/write, shared with every process that opens it.
+
+        Raises:
+            FileNotFoundError: no storage directory at ``path``.
+            ValueError: naming the file and the field that is corrupt or out of range.
         """
         root = Path(path)
-        meta = read_meta(root, _LAYOUT_FILE, _FORMAT, _VERSION, "MemmapStorage")
+        meta = read_layout(root)
+        capacity, layout, files = check_meta(root, meta)
         self = cls.__new__(cls)
-        TensorStorage.__init__(self, int(meta["capacity"]), device="cpu")
+        TensorStorage.__init__(self, capacity, device="cpu")
         self._finalizer = None
         self._path = root
         self._private = bool(copy_on_write)
-        self._header = _Header(root / _HEADER_FILE, create=False, private=self._private)
-        self._load_layout(meta)
-        length = len(self)
-        if not 0 <= length <= self.capacity:
-            raise ValueError(f"{root}: header length {length} outside [0, {self.capacity}]")
+        self._journal = None
+        self._data_files = []
+        self._header = header = Header(
+            inside(root, HEADER_FILE), create=False, private=self._private
+        )
+        try:
+            self._check_header(*header.first, layout)
+            if layout is not None:
+                self._map_files(layout, files)
+                self._replay()
+        except BaseException:
+            self.close()
+            raise
         return self
+
+    def _check_header(self, length: int, nxt: int, layout: Layout | None) -> None:
+        file, cap = self._path / HEADER_FILE, self.capacity
+        if not 0 <= length <= cap:
+            raise bad_field(file, "length", length, f"in [0, {cap}] (the capacity)")
+        if not 0 <= nxt < cap:
+            raise bad_field(file, "next", nxt, f"in [0, {cap})")
+        if nxt > length:
+            raise bad_field(file, "next", nxt, f"at most the length {length}")
+        if layout is None and length:
+            raise bad_field(file, "length", length, "0: layout.json has no layout")
+
+    def _map_files(self, layout: Layout, files: list[Path]) -> None:
+        buffers = []
+        for file, leaf in zip(files, layout.leaves, strict=True):
+            expected = self.capacity * leaf.numel * leaf.dtype.itemsize
+            shape = (self.capacity, *leaf.shape)
+            buffers.append(map_file(file, leaf.dtype, shape, expected, self._private, leaf.name))
+        self._set_buffers(buffers, layout)
+        self._layout = layout
+        self._data_files = files
+
+    def _replay(self) -> None:
+        """Replay a committed journal left by a writer that died (if no live process writes)."""
+        file = self._path / JOURNAL_FILE
+        layout = self._layout
+        if layout is None or not (file.exists() or file.is_symlink()):
+            return
+        inside(self._path, JOURNAL_FILE)
+        if self._private:
+            orphan = read_orphan(file, layout, self.capacity)
+            if orphan is not None:
+                self._apply(*orphan)
+            return
+        journal = Journal(file, layout, self.capacity)
+        try:
+            journal.replay_if_orphaned(self._apply)
+        finally:
+            journal.close()
 
     def config(self) -> dict[str, Any]:
         """``max_size`` (checkpoints carry the data; the path is chosen when loading)."""
+        self._check_open()
         return {"max_size": self.capacity}
 
     def _meta(self, layout: Layout | None) -> dict[str, Any]:
-        return _meta(self.capacity, layout)
-
-    def _load_layout(self, meta: dict[str, Any]) -> None:
-        if "layout" not in meta:
-            return
-        layout = Layout.from_json(meta["layout"])
-        buffers = []
-        for name, leaf in zip(meta["files"], layout.leaves, strict=True):
-            file = self._path / name
-            expected = self.capacity * leaf.numel * leaf.dtype.itemsize
-            size = file.stat().st_size if file.is_file() else -1
-            if size != expected:
-                raise ValueError(
-                    f"{file}: {size} bytes on disk, expected {expected} for key {leaf.name} "
-                    f"(capacity {self.capacity} x {list(leaf.shape)} {leaf.dtype}); truncated or "
-                    "corrupt"
-                )
-            shape = (self.capacity, *leaf.shape)
-            if self._private:  # MAP_PRIVATE: lazy reads, writes never reach the file
-                numel = self.capacity * leaf.numel
-                flat = torch.from_file(str(file), shared=False, size=numel, dtype=leaf.dtype)
-                buffers.append(flat.view(shape))
-            else:
-                mmt = MemoryMappedTensor.from_filename(str(file), leaf.dtype, shape)
-                buffers.append(mmt.as_subclass(torch.Tensor))
-        self._set_buffers(buffers, layout)
-        self._layout = layout
+        return layout_meta(self.capacity, layout)
 
     def _current_layout(self) -> Layout | None:
         if self._layout is None and not self._private:  # another process's first write?
-            self._load_layout(json.loads((self._path / _LAYOUT_FILE).read_text(encoding="utf-8")))
+            _, layout, files = check_meta(self._path, read_layout(self._path))
+            if layout is not None:
+                self._map_files(layout, files)
         return self._layout
 
     def __getstate__(self) -> dict[str, Any]:
+        self._check_open()
         if not self._private:
             return {"path": str(self._path)}
         # private writes are in this process only: send the data (like a TensorStorage)
         layout = None if self._layout is None else self._layout.to_json()
-        values = self._header.values
         return {
             "path": str(self._path),
             "capacity": self.capacity,
             "layout": layout,
             "buffers": self._buffers,
-            "header": [int(values[0]), int(values[1])],
+            "header": [self._header.length, self._header.next],
         }
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -376,59 +215,221 @@ class MemmapStorage(TensorStorage):
             return
         TensorStorage.__init__(self, state["capacity"], device="cpu")
         self._finalizer, self._path, self._private = None, Path(state["path"]), True
-        self._header = _Header.private_copy(*state["header"])
+        self._journal, self._data_files = None, []
+        length, nxt = state["header"]
+        self._header = Header.private_copy(length, nxt, self._path / HEADER_FILE)
         if state["layout"] is not None:
             self._layout = Layout.from_json(state["layout"])
             self._set_buffers(state["buffers"], self._layout)
 
+    def flush(self) -> None:
+        """Write the mapped pages back to disk (``msync``): durability against power loss.
+
+        A SIGKILL of the process loses nothing that an ``extend`` wrote before it returned
+        (the page cache outlives the process); a power loss can, unless ``flush`` ran since.
+        """
+        self._check_open()
+        for file in self._data_files:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.fsync(fd)  # the page cache of a MAP_SHARED mapping is the file's
+            finally:
+                os.close(fd)
+        if self._journal is not None:
+            self._journal.flush()
+        self._header.flush()
+
     def close(self) -> None:
-        """Unmap the files; a temporary directory (``path=None``) is removed."""
+        """Unmap the files; a temporary directory (``path=None``) is removed.
+
+        Every other method of a closed storage raises ``ValueError``.
+        """
+        self._closed = True
         self._buffers = []
         self._np_buffers = None
         self._plain = False
         self._layout = None
+        if getattr(self, "_journal", None) is not None:
+            self._journal.close()  # type: ignore[union-attr]
+            self._journal = None
         if getattr(self, "_header", None) is not None:
             self._header.close()
             self._header = None  # type: ignore[assignment]
-        if self._finalizer is not None:
-            self._finalizer()
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
 
     @property
     def path(self) -> Path:
         """The storage directory."""
+        self._check_open()
         return self._path
+
+    @property
+    def buffers(self) -> list[torch.Tensor]:
+        """The backing tensors in layout order (views of all ``capacity`` slots)."""
+        self._check_open()
+        return self._buffers
 
     # --- hooks -----------------------------------------------------------------------------
     def __len__(self) -> int:
-        header = self._header
-        if header is None:
-            raise ValueError("the storage is closed")
-        n = int(header.values[0])
+        if self._closed:
+            self._check_open()
+        n = self._header.length
         if n and self._layout is None:
             self._current_layout()
         return n
 
     def _set_length(self, n: int) -> None:
-        self._header.values[0] = n
+        self._header.publish(n, self._header.next)
 
     @property
     def next_slot(self) -> int:
         """The slot after the last write, kept in the header: a ring writer resumes there."""
-        return int(self._header.values[1])
+        self._check_open()
+        return self._header.next
 
     def _set_next(self, slot: int) -> None:
-        self._header.values[1] = slot
+        self._header.publish(self._header.length, slot)
+
+    def clear(self) -> None:
+        """Forget all items (one atomic header update; files and layout are kept)."""
+        self._check_open()
+        self._header.publish(0, 0)
+
+    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+        """Write prepared data at a normalised index, atomically (see the module docstring)."""
+        self._check_open()
+        if prepared.layout is not None:
+            self._ensure_layout(prepared.layout)
+        header = self._header
+        length = len(self)
+        if isinstance(index, int):
+            top = last = index + 1
+            live = index < length
+        elif isinstance(index, list):
+            top = max((run.stop for run in index), default=0)
+            last = index[-1].stop if index else header.next
+            live = any(run.start < min(run.stop, length) for run in index)
+        else:
+            count = index.numel()
+            top = int(index.max()) + 1 if count else 0
+            last = int(index[-1]) + 1 if count else header.next
+            live = bool(count) and int(index.min()) < length
+        new_length, new_next = max(length, top), last % self.capacity
+        if live and not self._private:
+            self._journaled(index, prepared.payload, new_length, new_next)
+            return
+        if isinstance(index, int):
+            self._write_one(index, prepared.payload)
+        else:
+            self._write(index, prepared.payload)
+        header.publish(new_length, new_next)
+
+    def _journaled(
+        self, index: int | list[slice] | torch.Tensor, payload: list[Any], length: int, nxt: int
+    ) -> None:
+        journal = self._journal
+        if journal is None:
+            layout = self._layout
+            assert layout is not None
+            file = inside(self._path, JOURNAL_FILE)
+            journal = self._journal = Journal(file, layout, self.capacity)
+            journal.lock_shared()
+        if journal.committed:  # left by a writer that died: finish it first
+            self._apply(*journal.read())
+            journal.clear()
+        arrays = self._np_buffers
+        if type(index) is int and arrays is not None:  # one item (add): the numpy path
+            plan1 = journal.begin_one(index, length, nxt)
+            if plan1 is not None and self._fast_one(payload, plan1):
+                journal.commit(plan1, 2)
+                for arr, row in zip(arrays, plan1.first, strict=True):
+                    arr[index] = row
+                self._header.publish(length, nxt)
+                journal.clear()
+                return
+        slots: list[int] | torch.Tensor
+        target: list[slice] | torch.Tensor
+        if isinstance(index, int):
+            kind, rows, slots, target = 0, 1, [index, index + 1], [slice(index, index + 1)]
+        elif isinstance(index, list):
+            kind, rows, target = 0, sum(run.stop - run.start for run in index), index
+            slots = [v for run in index for v in (run.start, run.stop)]
+        else:
+            kind, rows, slots, target = 1, int(index.numel()), index.to(torch.int64), index
+        plan = journal.begin(kind, slots, rows, length, nxt)
+        one = isinstance(index, int)
+        for tview, nview, t in zip(plan.tviews, plan.nviews, payload, strict=True):
+            # casts, densifies, moves: may raise, nothing is committed yet
+            if nview is not None and type(t) is torch.Tensor and not t.requires_grad:
+                try:
+                    nview[0 if one else ...] = t.numpy()
+                    continue
+                except (RuntimeError, TypeError):  # conj bit, CUDA, ...: the torch path
+                    pass
+            with torch.no_grad():
+                tview.copy_(t.unsqueeze(0) if one else t)
+        journal.commit(plan, len(slots))
+        self._apply(kind, target, rows, length, nxt, plan)
+        journal.clear()
+
+    @staticmethod
+    def _fast_one(payload: list[Any], plan: Plan) -> bool:
+        """Pack one item into the journal through numpy (``False``: take the torch path)."""
+        try:
+            for row, t in zip(plan.first, payload, strict=True):
+                row[...] = t.numpy()
+        except (RuntimeError, TypeError, AttributeError, ValueError):  # grad, CUDA, conj...
+            return False
+        return True
+
+    def _apply(
+        self,
+        kind: int,
+        index: list[slice] | torch.Tensor,
+        rows: int,
+        length: int,
+        nxt: int,
+        plan: Plan,
+    ) -> None:
+        """Copy a journal transaction into the files, then publish its header."""
+        del kind, rows
+        arrays = self._np_buffers
+        if isinstance(index, list):
+            offset = 0
+            for run in index:
+                start, stop = run.start, run.stop
+                end = offset + stop - start
+                if arrays is not None and plan.numpy:
+                    for arr, nview in zip(arrays, plan.nviews, strict=True):
+                        arr[start:stop] = nview[offset:end]  # type: ignore[index]
+                else:
+                    for buf, tview in zip(self._buffers, plan.tviews, strict=True):
+                        buf[start:stop].copy_(tview[offset:end])
+                offset = end
+        else:
+            for buf, tview in zip(self._buffers, plan.tviews, strict=True):
+                buf.index_copy_(0, index, tview)
+        self._header.publish(length, nxt)
 
     def _allocate(self, layout: Layout) -> None:
         if self._private:  # never create files in a directory opened copy-on-write
             TensorStorage._allocate(self, layout)
             return
         meta = self._meta(layout)
-        buffers = []
-        for name, leaf in zip(meta["files"], layout.leaves, strict=True):
-            mmt = MemoryMappedTensor.zeros(
-                (self.capacity, *leaf.shape), dtype=leaf.dtype, filename=str(self._path / name)
-            )
-            buffers.append(mmt.as_subclass(torch.Tensor))
-        self._set_buffers(buffers, layout)
-        atomic_write_json(self._path / _LAYOUT_FILE, meta)
+        files = [inside(self._path, name, "data file") for name in meta["files"]]
+        made: list[Path] = []
+        try:
+            for file, leaf in zip(files, layout.leaves, strict=True):
+                made.append(file)
+                create_file(file, self.capacity * leaf.numel * leaf.dtype.itemsize)
+            self._map_files(layout, files)
+            atomic_write_json(self._path / LAYOUT_FILE, meta)
+        except BaseException:
+            self._buffers, self._np_buffers, self._layout = [], None, None
+            for file in made:
+                with contextlib.suppress(OSError):
+                    file.unlink()
+            raise
+        self._layout = None  # the base sets it once _allocate returned

@@ -6,7 +6,7 @@ from typing import Any, NoReturn
 
 from rbdata.errors import ReadOnlyError
 from rbdata.storages.base import Storage
-from rbdata.writers.base import Writer
+from rbdata.writers.base import WriteCheck, Writer
 
 __all__ = ["ImmutableWriter"]
 
@@ -26,10 +26,10 @@ class ImmutableWriter(Writer):
     def _refuse(self, what: str) -> NoReturn:
         raise ReadOnlyError(f"this buffer is read-only (ImmutableWriter): {what} is not allowed")
 
-    def add(self, storage: Storage, item: Any) -> int:
+    def add(self, storage: Storage, item: Any, check: WriteCheck | None = None) -> int:
         """Raise :class:`~rbdata.errors.ReadOnlyError`."""
         self._refuse("add")
 
-    def extend(self, storage: Storage, data: Any) -> Any:
+    def extend(self, storage: Storage, data: Any, check: WriteCheck | None = None) -> Any:
         """Raise :class:`~rbdata.errors.ReadOnlyError`."""
         self._refuse("extend")

@@ -15,7 +15,7 @@ import torch
 from rbdata._index import check_capacity
 from rbdata._layout import Key, Layout, key_name, key_names
 from rbdata.storages.base import Prepared, Storage
-from rbdata.writers.base import Writer
+from rbdata.writers.base import WriteCheck, Writer
 
 __all__ = ["MaxValueWriter", "plan_top_k"]
 
@@ -277,8 +277,11 @@ class MaxValueWriter(Writer):
         self._next_stamp += new.numel()
 
     # --- writes --------------------------------------------------------------------------
-    def add(self, storage: Storage, item: Any) -> int:
+    def add(self, storage: Storage, item: Any, check: WriteCheck | None = None) -> int:
         """Write one item if it ranks among the top ``capacity``.
+
+        ``check(slot, item)``, if given, runs before a kept item is written; if it raises,
+        the storage and the writer are unchanged.
 
         Returns:
             The slot written, or ``-1`` if the item was not kept (the buffer is full and the
@@ -286,18 +289,30 @@ class MaxValueWriter(Writer):
         """
         prepared = storage.prepare(item, batched=False)
         new = self._ranks_of(prepared)
+        fresh = self._ranks is None
         ranks = self._state_for(storage)
         slots, _ = plan_top_k(ranks, self._stamps, self._count, new, self._next_stamp)
         if not slots.numel():
             self._next_stamp += 1
             return -1
         slot = int(slots[0])
-        storage.commit(slot, prepared)
+        try:
+            if check is not None:
+                check(slot, item)
+            storage.commit(slot, prepared)
+        except BaseException:
+            if fresh:  # the ranks read at this first write: back to "not read yet"
+                self.reset()
+            raise
         self._update(slots, torch.zeros(1, dtype=torch.long), new)
         return slot
 
-    def extend(self, storage: Storage, data: Any) -> torch.Tensor:
+    def extend(self, storage: Storage, data: Any, check: WriteCheck | None = None) -> torch.Tensor:
         """Write the items of a batch that rank among the top ``capacity``.
+
+        ``check(slots, data)``, if given, runs with the slots of the kept rows (possibly
+        none) before anything is written; if it raises, the storage and the writer are
+        unchanged.
 
         Returns:
             The slots written as a ``LongTensor``, one per *kept* row, in batch order.
@@ -306,11 +321,19 @@ class MaxValueWriter(Writer):
         """
         prepared = storage.prepare(data, batched=True)
         new = self._ranks_of(prepared)
+        fresh = self._ranks is None
         ranks = self._state_for(storage)
         slots, rows = plan_top_k(ranks, self._stamps, self._count, new, self._next_stamp)
-        if slots.numel():
-            subset = prepared if rows.numel() == prepared.n else prepared.take(rows)
-            storage.commit(slots, subset)
+        try:
+            if check is not None:
+                check(slots, data)
+            if slots.numel():
+                subset = prepared if rows.numel() == prepared.n else prepared.take(rows)
+                storage.commit(slots, subset)
+        except BaseException:
+            if fresh:  # the ranks read at this first write: back to "not read yet"
+                self.reset()
+            raise
         self._update(slots, rows, new)
         return slots
 

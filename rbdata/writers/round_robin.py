@@ -8,7 +8,7 @@ import torch
 
 from rbdata._index import ring_runs
 from rbdata.storages.base import Storage
-from rbdata.writers.base import Writer
+from rbdata.writers.base import WriteCheck, Writer
 
 __all__ = ["RoundRobinWriter"]
 
@@ -46,16 +46,25 @@ class RoundRobinWriter(Writer):
             cursor = storage.next_slot if len(storage) else 0
         return cursor
 
-    def add(self, storage: Storage, item: Any) -> int:
-        """Write one item at the cursor; return its slot."""
+    def add(self, storage: Storage, item: Any, check: WriteCheck | None = None) -> int:
+        """Write one item at the cursor; return its slot.
+
+        ``check(slot, item)``, if given, runs after validation and before the write.
+        """
         index = self._start(storage)
-        storage.commit(index, storage.prepare(item, batched=False))
+        prepared = storage.prepare(item, batched=False)
+        if check is not None:
+            check(index, item)
+        storage.commit(index, prepared)
         nxt = index + 1
         self._cursor = nxt if nxt < storage.capacity else 0
         return index
 
-    def extend(self, storage: Storage, data: Any) -> torch.Tensor:
-        """Write a batch at the cursor, wrapping around; return the slots written."""
+    def extend(self, storage: Storage, data: Any, check: WriteCheck | None = None) -> torch.Tensor:
+        """Write a batch at the cursor, wrapping around; return the slots written.
+
+        ``check(slots, data)``, if given, runs after validation and before the write.
+        """
         prepared = storage.prepare(data, batched=True)
         n, capacity = prepared.n, storage.capacity
         if n > capacity:
@@ -63,10 +72,14 @@ class RoundRobinWriter(Writer):
                 f"data: a batch of {n} items is more than the storage capacity {capacity}"
             )
         start = self._start(storage)
+        index = torch.arange(start, start + n)
+        if start + n > capacity:
+            index.remainder_(capacity)
+        if check is not None:
+            check(index, data)
         storage.commit(ring_runs(start, n, capacity), prepared)
         self._cursor = (start + n) % capacity
-        index = torch.arange(start, start + n)
-        return index.remainder_(capacity) if start + n > capacity else index
+        return index
 
     def reset(self) -> None:
         """Restart writing at slot 0."""

@@ -232,7 +232,10 @@ def bench_transitions_1m(cfg: Config, rep: Report) -> None:
                 },
                 cfg,
             )
-            rep.ratio(f"{name} extend({ext}), full ring", t["rbdata"], t["floor"], 2.0)
+            # MemmapStorage journals overwrites of live slots (atomic across SIGKILL): its
+            # budget is 2.5x; the in-memory storages keep 2.0x
+            target = 2.5 if "Memmap" in name else 2.0
+            rep.ratio(f"{name} extend({ext}), full ring", t["rbdata"], t["floor"], target)
             del rb
         finally:
             _close(storage)

@@ -1,0 +1,247 @@
+"""Up-front checks of everything a checkpoint's metadata says, before anything is built.
+
+Every reader of a checkpoint goes through these helpers: JSON files are read without
+following symlinks and refused when nested too deeply; every field is type- and range-checked
+with Python integers (no overflow); file names are plain names inside their directory. A
+failure raises :class:`~rbdata.errors.CheckpointError` naming the file and the field.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import stat
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rbdata._layout import RAGGED, STRING, TENSOR, Layout
+from rbdata.errors import CheckpointError
+from rbdata.samplers.prioritized import PrioritizedSampler
+from rbdata.storages._files import inside, open_nofollow
+from rbdata.writers.max_value import MaxValueWriter
+
+__all__ = [
+    "MAX_DEPTH",
+    "check_component",
+    "read_checkpoint_meta",
+    "check_depth",
+    "get",
+    "get_dict",
+    "get_int",
+    "check_int",
+    "get_list",
+    "layout_sizes",
+    "leaf_path",
+    "plain_file",
+    "read_json",
+    "read_small",
+]
+
+#: deepest nesting of lists and dicts accepted in a metadata file
+MAX_DEPTH = 100
+_KINDS = (TENSOR, RAGGED, STRING)
+
+
+def check_depth(obj: Any, file: Path | str, limit: int = MAX_DEPTH) -> None:
+    """Refuse JSON values nested deeper than ``limit`` (checked without recursion)."""
+    stack = [(obj, 1)]
+    while stack:
+        value, depth = stack.pop()
+        if depth > limit:
+            raise CheckpointError(f"{file}: nested more than {limit} levels deep; corrupt")
+        if isinstance(value, dict):
+            stack.extend((v, depth + 1) for v in value.values())
+        elif isinstance(value, list):
+            stack.extend((v, depth + 1) for v in value)
+
+
+def plain_file(path: Path, what: str) -> os.stat_result:
+    """The ``lstat`` of ``path``, which must be a regular file (not a symlink, not missing)."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: missing; the checkpoint's {what} needs it") from None
+    except OSError as err:
+        raise CheckpointError(f"{path}: cannot be read ({err})") from err
+    if stat.S_ISLNK(st.st_mode):
+        raise CheckpointError(f"{path}: a symlink; checkpoint files may not be symlinks")
+    if not stat.S_ISREG(st.st_mode):
+        raise CheckpointError(f"{path}: not a regular file")
+    return st
+
+
+def read_small(path: Path, what: str) -> bytes:
+    """The bytes of regular file ``path``, opened without following a symlink."""
+    plain_file(path, what)
+    try:
+        with open_nofollow(path, "rb") as f:
+            return f.read()
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{path}: cannot be read ({err})") from err
+
+
+def read_json(path: Path, what: str) -> Any:
+    """Parse JSON file ``path`` (no symlink, at most :data:`MAX_DEPTH` levels deep)."""
+    raw = read_small(path, what)
+    try:
+        obj = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError) as err:
+        reason = "nested too deeply" if isinstance(err, RecursionError) else str(err)[:200]
+        raise CheckpointError(f"{path}: corrupt metadata file ({reason})") from None
+    check_depth(obj, path)
+    return obj
+
+
+def get(obj: Any, key: str, file: Path | str, where: str) -> Any:
+    """``obj[key]``; ``CheckpointError`` naming ``where.key`` if ``obj`` lacks it."""
+    if not isinstance(obj, Mapping):
+        raise CheckpointError(f"{file}: {where or 'the metadata'} must be an object")
+    if key not in obj:
+        raise CheckpointError(f"{file}: field {_join(where, key)!r} is missing")
+    return obj[key]
+
+
+def get_dict(obj: Any, key: str, file: Path | str, where: str) -> dict[str, Any]:
+    """``obj[key]``, which must be a JSON object."""
+    value = get(obj, key, file, where)
+    if not isinstance(value, dict):
+        raise CheckpointError(
+            f"{file}: field {_join(where, key)!r} is not an object (got {type(value).__name__})"
+        )
+    return value
+
+
+def get_list(obj: Any, key: str, file: Path | str, where: str) -> list[Any]:
+    """``obj[key]``, which must be a JSON list."""
+    value = get(obj, key, file, where)
+    if not isinstance(value, list):
+        raise CheckpointError(
+            f"{file}: field {_join(where, key)!r} is not a list (got {type(value).__name__})"
+        )
+    return value
+
+
+def get_int(
+    obj: Any, key: str, file: Path | str, where: str, low: int = 0, high: int | None = None
+) -> int:
+    """``obj[key]``: an integer (not a bool) in ``[low, high]``."""
+    return check_int(get(obj, key, file, where), file, _join(where, key), low, high)
+
+
+def check_int(
+    value: Any, file: Path | str, name: str, low: int = 0, high: int | None = None
+) -> int:
+    """``value`` itself: an integer (not a bool) in ``[low, high]``."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise CheckpointError(f"{file}: field {name!r} must be an integer, got {value!r:.60}")
+    if value < low or (high is not None and value > high):
+        bound = f"[{low}, {high}]" if high is not None else f">= {low}"
+        raise CheckpointError(f"{file}: field {name!r} is {value}, expected {bound}")
+    return value
+
+
+def _join(where: str, key: str) -> str:
+    return f"{where}.{key}" if where else key
+
+
+def layout_sizes(obj: Any, file: Path, where: str) -> tuple[Layout, list[int]]:
+    """Check a layout's JSON; return it and each leaf's bytes per item (``-1``: variable)."""
+    leaves = get_list(obj, "leaves", file, where)
+    if not isinstance(get(obj, "kind", file, where), str):
+        raise CheckpointError(f"{file}: field {_join(where, 'kind')!r} must be a string")
+    sizes = []
+    for i, entry in enumerate(leaves):
+        at = f"{_join(where, 'leaves')}[{i}]"
+        key = get_list(entry, "key", file, at)
+        if not all(isinstance(k, str) for k in key):
+            raise CheckpointError(f"{file}: field {at}.key must be a list of strings")
+        shape = [check_int(s, file, f"{at}.shape") for s in get_list(entry, "shape", file, at)]
+        dtype = getattr(torch, str(get(entry, "dtype", file, at)), None)
+        if not isinstance(dtype, torch.dtype):
+            raise CheckpointError(f"{file}: field {at}.dtype: unknown dtype {entry['dtype']!r}")
+        kind = entry.get("kind", TENSOR)
+        if kind not in _KINDS:
+            raise CheckpointError(f"{file}: field {at}.kind: unknown leaf kind {kind!r}")
+        sizes.append(math.prod(shape) * dtype.itemsize if kind == TENSOR else -1)
+    try:
+        layout = Layout.from_json(obj)
+    except (KeyError, TypeError, ValueError) as err:
+        raise CheckpointError(f"{file}: field {where or 'layout'!r}: {err}") from err
+    return layout, sizes
+
+
+def leaf_path(root: Path, name: Any, file: Path, field: str) -> Path:
+    """``root / name`` for a data file named in metadata: a plain name, no symlink."""
+    try:
+        return inside(root, name, "file")
+    except ValueError as err:
+        raise CheckpointError(f"{file}: field {field!r}: {err}") from None
+
+
+def read_checkpoint_meta(file: Path, fmt: str, version: int) -> dict[str, Any]:
+    """Read ``checkpoint.json``; check its format, version and top-level fields."""
+    if not file.exists() and not file.is_symlink():
+        raise CheckpointError(f"{str(file.parent)!r} is not an rbdata checkpoint: no {file.name}")
+    meta = read_json(file, "metadata")
+    if not isinstance(meta, dict) or meta.get("format") != fmt:
+        raise CheckpointError(f"{file}: not an {fmt} directory")
+    found = meta.get("version")
+    if isinstance(found, bool) or found != version:
+        raise CheckpointError(f"{file}: format version {found!r:.40}, expected {version}")
+    batch_size = get(meta, "batch_size", file, "")
+    if batch_size is not None:
+        check_int(batch_size, file, "batch_size", 1)
+    get_list(meta, "tensors", file, "")
+    for kind in ("storage", "sampler", "writer"):
+        entry = get_dict(meta, kind, file, "")
+        get(entry, "class", file, kind)
+        get(entry, "state", file, kind)
+        if not isinstance(get(entry, "config", file, kind), dict):
+            raise CheckpointError(
+                f"{file}: field '{kind}.config': {kind}: the config must be a dict, got "
+                f"{type(entry['config']).__name__}"
+            )
+    return meta
+
+
+def check_component(
+    cls: type, config: dict[str, Any], state: Any, kind: str, capacity: int, where: str = ""
+) -> None:
+    """Check a sampler's or writer's sizes against the storage's, before it allocates anything.
+
+    A :class:`PrioritizedSampler` allocates its trees in its constructor: its capacity must
+    cover the storage's and fit the trees saved in ``tensors.bin`` (present, hence sized by
+    the file; their exact shape is checked by ``load_state_dict``); a
+    :class:`MaxValueWriter` keeps at most the storage's capacity. ``where`` (e.g. the
+    metadata file) starts the error messages.
+    """
+    at = f"{where}: field '{kind}.config.capacity'" if where else f"{kind}: capacity"
+    if issubclass(cls, PrioritizedSampler):
+        cap = config.get("capacity")
+        if isinstance(cap, bool) or not isinstance(cap, int) or cap < capacity:
+            raise CheckpointError(
+                f"{at}: {cap!r:.40}, expected an integer >= the storage capacity {capacity} "
+                "(a PrioritizedSampler needs one slot per storage slot)"
+            )
+        saved = state.get("capacity") if isinstance(state, dict) else None
+        if saved != cap:
+            raise CheckpointError(f"{at}: {cap}, but the saved state is for {saved!r:.40} slots")
+        tree = state.get("sum_tree")  # read from tensors.bin: sized by the file present
+        # a tree holds one leaf per slot (and at most ~10 elements per slot), so the trees
+        # the constructor allocates are bounded by the bytes actually saved
+        if not isinstance(tree, torch.Tensor) or tree.numel() < cap:
+            got = tree.numel() if isinstance(tree, torch.Tensor) else type(tree).__name__
+            raise CheckpointError(
+                f"{at}: {cap}, but the saved sum_tree has {got} elements (one per slot at least)"
+            )
+    if issubclass(cls, MaxValueWriter):
+        cap = config.get("capacity")
+        bad = isinstance(cap, bool) or not isinstance(cap, int) or cap > capacity
+        if cap is not None and bad:
+            raise CheckpointError(
+                f"{at}: {cap!r:.40}, expected an integer <= the storage capacity {capacity}"
+            )

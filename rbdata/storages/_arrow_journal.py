@@ -1,0 +1,115 @@
+"""The redo journal of :class:`~rbdata.storages.ArrowStorage`: every write, before it is applied.
+
+``_journal.bin`` is a sequence of records, one per ``commit``::
+
+    header  <4sIQQQ: magic b"RBJ1", crc32 of the slots, epoch, rows n, body bytes
+    body    n int64 slots, then per fixed-shape leaf its n rows (raw bytes, layout order),
+            then (only with variable-length leaves) an Arrow IPC stream of those columns
+
+A record is appended with one ``write`` before the rows reach the chunks, so a process killed
+at any moment leaves a journal whose records are all whole but maybe the last one; a torn
+last record (short, or a wrong checksum) is a batch that was never applied, and is dropped.
+(A kill cuts a write short but never garbles what was written, so the length is the real
+check; the checksum covers the header's slots only, to keep ``extend`` cheap: data garbled
+on disk, e.g. by a power loss without :meth:`flush`, is not detected.)
+Records carry the epoch of the metadata they extend: when every row is in the chunk files the
+storage writes the metadata with a new epoch, then empties the journal, so a kill between
+the two leaves records that are ignored.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import weakref
+import zlib
+from pathlib import Path
+from typing import Any
+
+from rbdata.storages._files import open_nofollow
+
+__all__ = ["JOURNAL_FILE", "Journal", "read_journal"]
+
+JOURNAL_FILE = "_journal.bin"
+_MAGIC = b"RBJ1"
+_HEADER = struct.Struct("<4sIQQQ")
+
+
+class Journal:
+    """The append side of ``_journal.bin`` in ``root``.
+
+    The file is created (without following a symlink) at the first record and removed when
+    the journal is emptied, so a flushed storage directory holds no journal.
+    """
+
+    def __init__(self, root: Path) -> None:
+        self._path = root / JOURNAL_FILE
+        self._fd = -1
+        self._close: Any = None
+        self.size = 0
+
+    def _open(self) -> int:
+        file = open_nofollow(self._path, "ab")
+        self._fd = os.dup(file.fileno())  # a raw descriptor, closed with this object
+        file.close()
+        self._close = weakref.finalize(self, os.close, self._fd)
+        self.size = os.fstat(self._fd).st_size
+        return self._fd
+
+    def append(self, epoch: int, n: int, parts: list[Any]) -> None:
+        """Append one record of ``n`` rows whose body is the concatenation of ``parts``."""
+        fd = self._fd if self._fd >= 0 else self._open()
+        views = [memoryview(p).cast("B") for p in parts]
+        crc = zlib.crc32(views[0])  # the slots: a kill cuts a record short, it never garbles it
+        body = sum(v.nbytes for v in views)
+        buffers = [memoryview(_HEADER.pack(_MAGIC, crc, epoch, n, body)), *views]
+        while buffers:
+            written = os.writev(fd, buffers)
+            self.size += written
+            while buffers and written >= buffers[0].nbytes:
+                written -= buffers[0].nbytes
+                buffers.pop(0)
+            if buffers and written:
+                buffers[0] = buffers[0][written:]
+
+    def reset(self) -> None:
+        """Remove the journal (every row it held is in the chunk files and the metadata)."""
+        self.close()
+        with contextlib.suppress(FileNotFoundError):
+            self._path.unlink()
+        self.size = 0
+
+    def close(self) -> None:
+        """Close the file."""
+        if self._close is not None:
+            self._close()
+            self._close = None
+        self._fd = -1
+
+
+def read_journal(root: Path, epoch: int) -> list[tuple[int, memoryview]]:
+    """The whole records of ``epoch`` in ``root``'s journal, in order: ``(rows, body)``.
+
+    Reading stops at the first record that is short, not a record or fails its checksum (a
+    write cut by a kill): that one and anything after it are dropped.
+    """
+    path = root / JOURNAL_FILE
+    if not path.exists() and not path.is_symlink():
+        return []
+    with open_nofollow(path, "rb") as f:
+        data = memoryview(f.read())
+    records = []
+    pos = 0
+    while pos + _HEADER.size <= len(data):
+        magic, crc, rec_epoch, n, body = _HEADER.unpack_from(data, pos)
+        start = pos + _HEADER.size
+        if magic != _MAGIC or start + body > len(data):
+            break
+        payload = data[start : start + body]
+        if body < 8 * n or zlib.crc32(payload[: 8 * n]) != crc:
+            break
+        if rec_epoch == epoch:
+            records.append((n, payload))
+        pos = start + body
+    return records

@@ -1,0 +1,337 @@
+"""On-disk format of :class:`~rbdata.storages.MemmapStorage` directories: names, metadata, writers.
+
+``layout.json`` is read and validated here (every field, up front, naming the file and the
+field); :func:`write_directory` and :class:`DirectoryWriter` write whole new directories (for
+checkpoints and offline datasets) that :meth:`MemmapStorage.open` reads.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import re
+import reprlib
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rbdata._layout import TENSOR, Layout
+from rbdata.storages._files import atomic_write_json, check_dir, inside, open_nofollow
+from rbdata.storages._journal import (
+    HEADER_BYTES,
+    encode_header,
+)
+from rbdata.storages.tensor import TensorStorage
+
+__all__ = [
+    "FORMAT",
+    "HEADER_FILE",
+    "JOURNAL_FILE",
+    "LAYOUT_FILE",
+    "VERSION",
+    "DirectoryWriter",
+    "bad_field",
+    "check_meta",
+    "layout_meta",
+    "read_layout",
+    "write_directory",
+]
+
+FORMAT = "rbdata.memmap"
+VERSION = 1
+LAYOUT_FILE = "layout.json"
+HEADER_FILE = "header.bin"
+JOURNAL_FILE = "journal.bin"
+_RESERVED = {LAYOUT_FILE, HEADER_FILE, JOURNAL_FILE}
+_MAX_META_BYTES = 1 << 24
+_MAX_LEAVES = 4096
+_MAX_BYTES = 1 << 56  # per file: far beyond any disk, far below an int64 overflow
+
+
+def _leaf_file(i: int, key: tuple[str, ...]) -> str:
+    safe = re.sub(r"[^A-Za-z0-9_.-]", "_", ".".join(key) or "data")[:64]
+    return f"{i:03d}-{safe}.bin"
+
+
+def bad_field(file: Path, field: str, value: Any, expected: str) -> ValueError:
+    shown = reprlib.repr(value)
+    return ValueError(f"{file}: field {field!r} is {shown}, expected {expected}")
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def read_layout(root: Path) -> dict[str, Any]:
+    """Read ``layout.json`` of a storage directory (no symlink followed anywhere)."""
+    if not root.exists() and not root.is_symlink():
+        raise FileNotFoundError(f"{str(root)!r} is not a MemmapStorage: no such directory")
+    check_dir(root, "MemmapStorage")
+    file = root / LAYOUT_FILE
+    if not file.exists() and not file.is_symlink():
+        raise FileNotFoundError(f"{str(root)!r} is not a MemmapStorage: no {LAYOUT_FILE}")
+    inside(root, LAYOUT_FILE)
+    with open_nofollow(file, "rb") as f:
+        if os.fstat(f.fileno()).st_size > _MAX_META_BYTES:
+            raise ValueError(f"{file}: larger than {_MAX_META_BYTES} bytes; corrupt")
+        raw = f.read()
+    try:
+        meta = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
+        what = "nested too deeply" if isinstance(err, RecursionError) else str(err)
+        raise ValueError(f"{file}: corrupt metadata file ({what})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        raise ValueError(f"{file}: not an {FORMAT} directory")
+    if meta.get("version") != VERSION:
+        raise ValueError(
+            f"{file}: format version {reprlib.repr(meta.get('version'))}, expected {VERSION}"
+        )
+    return meta
+
+
+def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, list[Path]]:
+    """Validate every field of ``layout.json``; return capacity, layout and the leaf files."""
+    file = root / LAYOUT_FILE
+    value: Any = meta.get("capacity")
+    if not _is_int(value) or not 0 < value <= _MAX_BYTES:
+        raise bad_field(file, "capacity", value, "a positive integer")
+    capacity = int(value)
+    if "layout" not in meta:
+        if "files" in meta:
+            raise bad_field(file, "files", meta["files"], "no files without a layout")
+        return capacity, None, []
+    layout = meta["layout"]
+    if not isinstance(layout, dict) or layout.get("kind") not in ("tensor", "tensordict"):
+        raise bad_field(
+            file,
+            "layout.kind",
+            layout.get("kind") if isinstance(layout, dict) else layout,
+            "'tensor' or 'tensordict'",
+        )
+    leaves = layout.get("leaves")
+    if not isinstance(leaves, list) or not 0 < len(leaves) <= _MAX_LEAVES:
+        raise bad_field(file, "layout.leaves", leaves, f"a list of 1 to {_MAX_LEAVES} leaves")
+    keys = set()
+    for i, leaf in enumerate(leaves):
+        where = f"layout.leaves[{i}]"
+        if not isinstance(leaf, dict):
+            raise bad_field(file, where, leaf, "an object")
+        key, shape, dtype = leaf.get("key"), leaf.get("shape"), leaf.get("dtype")
+        tensor_kind = layout["kind"] == "tensor"
+        if (
+            not isinstance(key, list)
+            or not all(isinstance(k, str) and k for k in key)
+            or (len(key) != 0 if tensor_kind else not key)
+            or len(key) > 32
+        ):
+            raise bad_field(
+                file, f"{where}.key", key, "a list of non-empty strings ([] for a tensor)"
+            )
+        if tuple(key) in keys:
+            raise bad_field(file, f"{where}.key", key, "a key that appears once")
+        keys.add(tuple(key))
+        if (
+            not isinstance(shape, list)
+            or len(shape) > 32
+            or not all(_is_int(d) and 0 <= d <= _MAX_BYTES for d in shape)
+        ):
+            raise bad_field(file, f"{where}.shape", shape, "a list of non-negative integers")
+        if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
+            raise bad_field(file, f"{where}.dtype", dtype, "a torch dtype name")
+        if leaf.get("kind", TENSOR) != TENSOR:
+            raise bad_field(file, f"{where}.kind", leaf.get("kind"), "'tensor' (fixed-shape only)")
+        size = capacity * math.prod(shape) * getattr(torch, dtype).itemsize
+        if size > _MAX_BYTES:
+            raise bad_field(file, f"{where}.shape", shape, f"a leaf of at most {_MAX_BYTES} bytes")
+    for key in keys:  # ('a',) and ('a', 'b') cannot both be leaves
+        if any(key[:n] in keys for n in range(1, len(key))):
+            raise bad_field(file, "layout.leaves", list(key), "no key nested under another key")
+    names = meta.get("files")
+    if not isinstance(names, list) or len(names) != len(leaves):
+        raise bad_field(file, "files", names, f"a list of {len(leaves)} file names (one per leaf)")
+    if len(set(map(str, names))) != len(names) or set(map(str, names)) & _RESERVED:
+        raise bad_field(file, "files", names, "distinct names of data files")
+    paths = [inside(root, name, "data file") for name in names]
+    return capacity, Layout.from_json(layout), paths
+
+
+def layout_meta(capacity: int, layout: Layout | None) -> dict[str, Any]:
+    meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "capacity": capacity}
+    if layout is not None:
+        meta["layout"] = layout.to_json()
+        meta["files"] = [_leaf_file(i, leaf.key) for i, leaf in enumerate(layout.leaves)]
+    return meta
+
+
+def _write_file(file: Path, chunks: Any, size: int, fsync: bool) -> None:
+    with open(file, "wb") as f:
+        for chunk in chunks:
+            f.write(memoryview(chunk))
+        f.truncate(size)  # rows past the length read as zeros (a sparse tail)
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def _row_blocks(buf: torch.Tensor, n: int, block_bytes: int = 1 << 26) -> Any:
+    """The bytes of ``buf[:n]`` as numpy uint8 arrays (blocks copied to the CPU if needed)."""
+    row = max(1, buf[0].numel() * buf.element_size()) if buf.shape[0] else 1
+    step = max(1, block_bytes // row) if buf.device.type != "cpu" else max(n, 1)
+    for start in range(0, n, step):
+        part = buf[start : min(n, start + step)].detach().cpu().contiguous().reshape(-1)
+        yield part.view(torch.uint8).numpy()
+
+
+def write_directory(
+    storage: TensorStorage, path: str | os.PathLike[str], fsync: bool = True
+) -> None:
+    """Write a :class:`TensorStorage` (CPU, CUDA or memmap) as a new storage directory.
+
+    :meth:`MemmapStorage.open` reads the directory; every file is fsync'ed unless
+    ``fsync=False``. Whole arrays are written: the filled rows, then a sparse zero tail up to
+    the capacity.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from rbdata.storages import MemmapStorage
+        >>> src = TensorStorage(8)
+        >>> src.set(slice(0, 3), torch.arange(6.0).view(3, 2))
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     write_directory(src, tmp + "/copy")
+        ...     copy = MemmapStorage.open(tmp + "/copy")
+        ...     print(len(copy), copy[2].tolist())
+        ...     copy.close()
+        3 [4.0, 5.0]
+    """
+    root = Path(path)
+    root.mkdir(parents=True)
+    n, layout = len(storage), storage.layout
+    header = encode_header(n, storage.next_slot)
+    _write_file(root / HEADER_FILE, [header], HEADER_BYTES, fsync)
+    meta = layout_meta(storage.capacity, layout)
+    if layout is not None:
+        jobs = sorted(
+            zip(meta["files"], storage.buffers, strict=True),
+            key=lambda job: -job[1].numel() * job[1].element_size(),
+        )
+
+        def write(job: tuple[str, torch.Tensor]) -> None:
+            name, buf = job
+            size = buf.numel() * buf.element_size()
+            _write_file(root / name, _row_blocks(buf, n), size, fsync)
+
+        # two files at a time: one's copy overlaps the other's fsync (both release the GIL)
+        with ThreadPoolExecutor(max_workers=2) as pool:
+            list(pool.map(write, jobs))
+    atomic_write_json(root / LAYOUT_FILE, meta, fsync)
+
+
+def _sync_all(fds: list[int]) -> None:
+    for fd in fds:
+        os.fdatasync(fd)
+
+
+class DirectoryWriter:
+    """Write a new storage directory front to back, block by block, with plain file writes.
+
+    For building a large storage (an offline dataset) with memory bounded by one block: the
+    rows go to the leaf files with ``write``, not through a memory mapping, so written pages
+    are page cache, not resident memory of the process. The directory is complete (layout,
+    header, files of full size) only after :meth:`close`; :meth:`MemmapStorage.open` reads it.
+
+    Args:
+        path: the new directory (must not exist, or be empty).
+        capacity: slots of the storage; ``close`` fills the files up to it (sparse zeros).
+        layout: keys, per-item shapes and dtypes of the rows (fixed-shape tensors only).
+        fsync: fsync every file at ``close``.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from rbdata._layout import Layout
+        >>> from rbdata.storages import MemmapStorage
+        >>> layout = Layout.from_data({"obs": torch.zeros(1, 2)}, batched=True)
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     writer = DirectoryWriter(tmp + "/d", 4, layout)
+        ...     writer.write([torch.arange(6.0).view(3, 2)])
+        ...     writer.close()
+        ...     storage = MemmapStorage.open(tmp + "/d")
+        ...     print(len(storage), storage[2]["obs"].tolist())
+        ...     storage.close()
+        3 [4.0, 5.0]
+    """
+
+    def __init__(
+        self, path: str | os.PathLike[str], capacity: int, layout: Layout, *, fsync: bool = True
+    ) -> None:
+        if not layout.fixed:
+            raise TypeError(f"MemmapStorage keeps fixed-shape tensors only, got {layout}")
+        self.root = Path(path)
+        if self.root.exists() and (not self.root.is_dir() or any(self.root.iterdir())):
+            raise FileExistsError(f"path {str(self.root)!r} already holds data")
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.capacity = capacity
+        self.layout = layout
+        self.rows = 0
+        self._fsync = fsync
+        self._meta = layout_meta(capacity, layout)
+        self._files = [open(self.root / name, "wb") for name in self._meta["files"]]  # noqa: SIM115
+        # with fsync, each block's writeback runs in a thread (fdatasync releases the GIL)
+        # while the caller prepares the next block, so close() waits for one block, not all
+        self._syncer = ThreadPoolExecutor(max_workers=1) if fsync else None
+        self._pending: Any = None
+
+    def write(self, tensors: list[torch.Tensor]) -> None:
+        """Append rows: one CPU tensor per leaf in layout order, same leading dimension."""
+        n = int(tensors[0].shape[0]) if tensors else 0
+        if self.rows + n > self.capacity:
+            raise ValueError(f"{self.rows + n} rows written, capacity {self.capacity}")
+        for f, leaf, t in zip(self._files, self.layout.leaves, tensors, strict=True):
+            if tuple(t.shape) != (n, *leaf.shape) or t.dtype != leaf.dtype:
+                raise ValueError(
+                    f"key {leaf.name}: expected {leaf.dtype} {[n, *leaf.shape]}, got "
+                    f"{t.dtype} {list(t.shape)}"
+                )
+            f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
+        self.rows += n
+        if self._syncer is not None:
+            self._wait()
+            for f in self._files:
+                f.flush()
+            fds = [f.fileno() for f in self._files]
+            self._pending = self._syncer.submit(_sync_all, fds)
+
+    def _wait(self) -> None:
+        pending, self._pending = self._pending, None
+        if pending is not None:
+            pending.result()
+
+    def close(self) -> None:
+        """Size the files to the capacity, write the header and the layout (the last step)."""
+        self._wait()
+        self._shutdown()
+        for f, leaf in zip(self._files, self.layout.leaves, strict=True):
+            f.truncate(self.capacity * leaf.numel * leaf.dtype.itemsize)
+            if self._fsync:
+                f.flush()
+                os.fsync(f.fileno())
+            f.close()
+        header = encode_header(self.rows, self.rows % self.capacity)
+        _write_file(self.root / HEADER_FILE, [header], HEADER_BYTES, self._fsync)
+        atomic_write_json(self.root / LAYOUT_FILE, self._meta, self._fsync)
+
+    def abort(self) -> None:
+        """Close the files without finishing the directory (the caller removes it)."""
+        with contextlib.suppress(OSError):
+            self._wait()
+        self._shutdown()
+        for f in self._files:
+            f.close()
+
+    def _shutdown(self) -> None:
+        if self._syncer is not None:
+            self._syncer.shutdown(wait=True)
+            self._syncer = None
