@@ -101,9 +101,62 @@ class ReplayBuffer:
         self._check = sampler.check_write if checked else None
         self._pre_add = checked and _takes_check(writer.add)
         self._pre_extend = checked and _takes_check(writer.extend)
+        # the storage's shared write counter as last seen here (None: it does not count);
+        # writes by other processes are handed to the sampler on sample/len (see _sync)
+        self._seen: int | None = storage.write_count if self._hooked else None
+        self._wants_data = bool(getattr(sampler, "on_write_reads_data", False))
 
     def __len__(self) -> int:
+        if self._seen is not None:
+            self._sync()
         return len(self.storage)
+
+    # --- writes by other processes ------------------------------------------------------------
+    def _sync(self) -> None:
+        """Hand the items other processes wrote since the last look to the sampler.
+
+        The storage's ``write_count`` (shared by every process) is compared with the last
+        value seen here; when it moved, the new slots are the ``d`` slots of the ring that end
+        at the shared ``next_slot`` (read together under the write lock, so they agree), or
+        every slot if ``d`` is at least the capacity. The sampler's ``on_write`` gets them
+        (the data is read only for samplers that index it, e.g. the slice sampler's end
+        flags), so they become sampleable with the default priority.
+        """
+        storage, seen = self.storage, self._seen
+        if seen is None or storage.write_count == seen:
+            return
+        if not storage.shared:  # writes of this process bypassing the buffer (storage.set)
+            self._seen = storage.write_count
+            return
+        with storage.write_lock():
+            count, end = storage.write_count, storage.next_slot
+        if count is not None:
+            self._catch_up(seen, count, end)
+
+    def _catch_up(self, seen: int, count: int, end: int) -> None:
+        """The ``count - seen`` items of other processes ending at slot ``end``."""
+        self._seen = count
+        storage, capacity = self.storage, self.storage.capacity
+        d = count - seen
+        n = len(storage)
+        if d <= 0 or n == 0:
+            return
+        if d >= min(capacity, n):
+            slots = torch.arange(n) if n < capacity else (torch.arange(n) + end) % capacity
+        else:
+            slots = torch.arange(end - d, end).remainder_(capacity)
+        data = storage.__getitems__(slots) if self._wants_data else None
+        self.sampler.on_write(slots, data)
+
+    def _after_write(self, first: int) -> None:
+        """After a write of this process at slot ``first``: other writes just before it?"""
+        before, after = self.storage.last_write
+        seen = self._seen
+        if seen is None or after == seen:
+            return
+        if before != seen and self.storage.shared:
+            self._catch_up(seen, before, first)
+        self._seen = after
 
     def __repr__(self) -> str:
         return (
@@ -126,6 +179,8 @@ class ReplayBuffer:
             if index >= 0:
                 check(index, item)
         if self._hooked and index >= 0:  # -1: a writer (MaxValueWriter) dropped the item
+            if self._seen is not None:
+                self._after_write(index)
             self.sampler.on_write(index, item)
         return index
 
@@ -145,6 +200,8 @@ class ReplayBuffer:
             index = self.writer.extend(self.storage, data)
             check(index, data)
         if self._hooked:
+            if self._seen is not None and index.numel():
+                self._after_write(int(index[0]))
             self.sampler.on_write(index, data)
         return index
 
@@ -184,6 +241,8 @@ class ReplayBuffer:
         TensorDict batches carry ``"index"`` and the sampler's extras (e.g. ``"weight"``).
         """
         bs = self._batch_size(batch_size)
+        if self._seen is not None:
+            self._sync()
         if self._trusted:  # rbdata samplers raise EmptyBufferError themselves
             idx, extras = self.sampler.draw(bs)
             return self._fetch(idx, extras)
@@ -324,6 +383,8 @@ class ReplayBuffer:
                 close()
         self.sampler.load_state_dict(parts[1].state_dict())
         self.writer.load_state_dict(parts[2].state_dict())
+        if self._seen is not None:  # the copied items are not other processes' writes
+            self._seen = self.storage.write_count
 
 
 def _takes_check(method: Any) -> bool:

@@ -140,6 +140,29 @@ class _SampleIterator(Iterator[Any]):
         self.started = bool(state["started"])
 
 
+class _Packed:
+    """A generator (its state) or a tensor, pickled as a numpy array."""
+
+    __slots__ = ("array", "device", "kind")
+
+    def __init__(self, kind: str, device: str, array: np.ndarray) -> None:
+        self.kind, self.device, self.array = kind, device, array
+
+    def __getstate__(self) -> tuple[str, str, np.ndarray]:
+        return self.kind, self.device, self.array
+
+    def __setstate__(self, state: tuple[str, str, np.ndarray]) -> None:
+        self.kind, self.device, self.array = state
+
+    def unpack(self) -> Any:
+        data = torch.from_numpy(self.array)
+        if self.kind == "generator":
+            gen = torch.Generator(device=self.device)
+            gen.set_state(data)
+            return gen
+        return data.to(self.device)
+
+
 class Sampler(TorchSampler[int]):
     """Base class: iterate indices like any torch sampler, or draw a batch with ``sample``.
 
@@ -228,6 +251,33 @@ class Sampler(TorchSampler[int]):
     def _epoch_over(self, batch_size: int) -> bool:
         """Whether a batch iterator started by :meth:`_begin_iter` has reached its end."""
         return False
+
+    #: whether :meth:`on_write` reads the written data (a buffer then reads the items other
+    #: processes wrote before handing them over; others get ``data=None`` for those)
+    on_write_reads_data = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Pickle the generator as its state bytes and tensors as numpy arrays (plain data).
+
+        ``multiprocessing`` pickles tensors and generators through torch's shared memory:
+        that fails for a generator in a spawned child ("unable to resize file") and moves
+        the sender's tensors to new memory behind the back of numpy views of them. Plain
+        bytes avoid both; the receiver gets a copy.
+        """
+        state = {}
+        for name, value in self.__dict__.items():
+            if isinstance(value, torch.Generator):
+                value = _Packed("generator", str(value.device), value.get_state().numpy().copy())
+            elif isinstance(value, torch.Tensor):
+                value = _Packed("tensor", str(value.device), value.detach().cpu().numpy().copy())
+            state[name] = value
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        for name, value in state.items():
+            if isinstance(value, _Packed):
+                state[name] = value.unpack()
+        self.__dict__.update(state)
 
     def __len__(self) -> int:
         return len(self.data_source) if self.data_source is not None else 0

@@ -267,6 +267,18 @@ class PrioritizedSampler(Sampler):
     def _default(self) -> float:
         return self._max_priority if self.default_priority is None else self.default_priority
 
+    def __getstate__(self) -> dict[str, Any]:
+        """The trees travel as arrays; the numpy views of them are rebuilt on arrival."""
+        state = super().__getstate__()
+        state.pop("_sum_np", None)
+        state.pop("_min_np", None)
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        if self._fast:
+            self._sum_np, self._min_np = self._sum.numpy(), self._min.numpy()
+
     def check_write(self, index: int | torch.Tensor, data: Any) -> None:
         """Refuse a write whose new items' default priority would overflow the tree's total."""
         n = 1 if isinstance(index, int) else int(index.numel())

@@ -68,6 +68,9 @@ class SliceSampler(Sampler):
         (True, True)
     """
 
+    #: the end flags of items written by other processes are read from the storage
+    on_write_reads_data = True
+
     def __init__(
         self,
         slice_len: int | None = None,

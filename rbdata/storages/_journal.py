@@ -32,7 +32,15 @@ import torch
 
 from rbdata._layout import Layout
 
-__all__ = ["HEADER_BYTES", "Header", "Journal", "Plan", "create_file", "encode_header", "map_file"]
+__all__ = [
+    "HEADER_BYTES",
+    "Header",
+    "Journal",
+    "Plan",
+    "create_file",
+    "encode_header",
+    "map_file",
+]
 
 HEADER_BYTES = 64
 _MAGIC = int.from_bytes(b"RBDHDR02", "little")

@@ -278,6 +278,8 @@ class ArrowStorage(Storage):
         self._row_bytes = np.zeros(0, np.int64)
         self._specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._closed = False
+        # the one process that may write (Arrow chunks and the journal are not shareable)
+        self._owner_pid = os.getpid()
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
@@ -402,13 +404,15 @@ class ArrowStorage(Storage):
 
     def __getstate__(self) -> dict[str, Any]:
         self.flush()  # the receiving process maps the files: they must hold every row
-        return {"path": str(self._path)}
+        return {"path": str(self._path), "owner": self._owner_pid}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         # the owner may go on writing: a copy neither replays nor empties its journal
         other = type(self).open(state["path"], recover=False)
         self.__dict__.update(other.__dict__)
         other.__dict__.clear()
+        # the process that owns the writes stays the owner: a copy in another process reads
+        self._owner_pid = int(state.get("owner", os.getpid()))
 
     @property
     def path(self) -> Path:
@@ -590,6 +594,14 @@ class ArrowStorage(Storage):
     def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
         """Journal the write, apply it, then write back every chunk the cursor has left."""
         self._check_open()
+        if self._owner_pid != os.getpid():
+            raise RuntimeError(
+                f"ArrowStorage at {str(self._path)!r}: written from process {os.getpid()}, "
+                f"which does not own it (process {self._owner_pid} does; this is a pickled "
+                "or forked copy). An ArrowStorage has one writer process, copies in other "
+                "processes only read. Write from the owner, or use a MemmapStorage, which "
+                "many processes may extend at once; nothing was written"
+            )
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)  # the metadata names the layout first
         journal = self._journal

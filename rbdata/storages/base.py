@@ -9,6 +9,7 @@ size before choosing slots; ``set`` is both in one call.
 
 from __future__ import annotations
 
+import contextlib
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -117,6 +118,30 @@ class Storage(Dataset[Any]):
     def next_slot(self) -> int:
         """The slot after the last write: where a ring writer resumes (0 before any write)."""
         return self._next
+
+    # --- sharing between processes (MemmapStorage; see docs/distributed.md) ---------------
+    @property
+    def shared(self) -> bool:
+        """Whether other processes may write this storage at the same time.
+
+        Writers then reserve their slots under :meth:`write_lock`. ``False`` for in-process
+        storages.
+        """
+        return False
+
+    def write_lock(self) -> contextlib.AbstractContextManager[Any]:
+        """A context that excludes every other process's writes (a no-op when not shared)."""
+        return contextlib.nullcontext()
+
+    @property
+    def write_count(self) -> int | None:
+        """Items committed so far by every process (``None``: the storage does not count)."""
+        return None
+
+    @property
+    def last_write(self) -> tuple[int, int]:
+        """``write_count`` just before and just after this process's last commit."""
+        return (0, 0)
 
     def __repr__(self) -> str:
         name = type(self).__name__

@@ -19,12 +19,26 @@ rows into the files, publishes the header and clears the journal; ``open`` repla
 journal (idempotent) and ignores an uncommitted one. This relies on the page cache outliving the
 process; against power loss call :meth:`MemmapStorage.flush` (``msync``) after the writes that
 must be durable. Only plain file names inside the directory are used, never symlinks.
+
+Many processes, one storage. ``shared.bin`` holds the total-writes counter and is the write
+lock (an exclusive ``flock``). A storage becomes *shared* when it is pickled (the sender and
+the receiver), when the process forks (``os.register_at_fork``: parent and child), or by
+:meth:`MemmapStorage.share`. Writers of a shared storage hold the lock across reserve + write
++ publish: the slots are taken from the header's ``next`` under the lock (not from a cursor
+of this process), the layout written by another process is mapped first, and the counter is
+raised after the header is published. So concurrent writers never lose, duplicate or tear an
+item, and the shared length counts finished writes only. An unshared storage (one process)
+takes no lock. Readers take no lock: a reader racing an overwrite of a full ring may read a
+row half old, half new (measured in ``docs/distributed.md``); hold :meth:`write_lock` while
+reading to exclude that.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -53,17 +67,33 @@ from rbdata.storages._memmap_files import (
     layout_meta,
     read_layout,
 )
+from rbdata.storages._shared import SharedState
 from rbdata.storages.base import Prepared
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["MemmapStorage"]
 
+SHARED_FILE = "shared.bin"
+_LIVE: weakref.WeakSet[MemmapStorage] = weakref.WeakSet()
+
+
+def _mark_shared_before_fork() -> None:
+    """Parent and child of a fork both may write: every open storage becomes shared."""
+    for storage in list(_LIVE):
+        if not storage._closed and not storage._private:
+            storage._become_shared()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=_mark_shared_before_fork)
+
 
 class MemmapStorage(TensorStorage):
     """Items in memory-mapped files, one per leaf, plus a JSON layout and a tiny header.
 
-    Every write is atomic across a SIGKILL (see the module docstring); one process writes at a
-    time (others may read, and write when it is done).
+    Every write is atomic across a SIGKILL (see the module docstring). Many processes may
+    write at once once the storage is shared (pickled, forked, or :meth:`share`): writers then
+    serialise on a lock file and take their slots from the shared header.
 
     Args:
         max_size: capacity in items.
@@ -93,7 +123,11 @@ class MemmapStorage(TensorStorage):
         self._journal: Journal | None = None
         self._data_files: list[Path] = []
         self._header = Header(root / HEADER_FILE, create=True)
+        self._state = SharedState(None)  # the file comes when the storage is shared
+        self._shared = False
+        self._last_write = (0, 0)
         atomic_write_json(root / LAYOUT_FILE, self._meta(None))
+        _LIVE.add(self)
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
@@ -126,10 +160,17 @@ class MemmapStorage(TensorStorage):
         self._private = bool(copy_on_write)
         self._journal = None
         self._data_files = []
+        self._shared = False
+        self._last_write = (0, 0)
+        self._state = None  # type: ignore[assignment]
         self._header = header = Header(
             inside(root, HEADER_FILE), create=False, private=self._private
         )
         try:
+            shared = None if self._private else inside(root, SHARED_FILE)
+            if shared is not None and not shared.exists():
+                shared = None  # never shared yet: created by _become_shared
+            self._state = SharedState(shared)
             self._check_header(*header.first, layout)
             if layout is not None:
                 self._map_files(layout, files)
@@ -137,6 +178,7 @@ class MemmapStorage(TensorStorage):
         except BaseException:
             self.close()
             raise
+        _LIVE.add(self)
         return self
 
     def _check_header(self, length: int, nxt: int, layout: Layout | None) -> None:
@@ -196,6 +238,7 @@ class MemmapStorage(TensorStorage):
     def __getstate__(self) -> dict[str, Any]:
         self._check_open()
         if not self._private:
+            self._become_shared()  # the receiver may write while this process does
             return {"path": str(self._path)}
         # private writes are in this process only: send the data (like a TensorStorage)
         layout = None if self._layout is None else self._layout.to_json()
@@ -210,14 +253,18 @@ class MemmapStorage(TensorStorage):
     def __setstate__(self, state: dict[str, Any]) -> None:
         if "buffers" not in state:
             other = type(self).open(state["path"])
+            _LIVE.discard(other)
             self.__dict__.update(other.__dict__)
             other.__dict__.clear()
+            self._become_shared()
+            _LIVE.add(self)
             return
         TensorStorage.__init__(self, state["capacity"], device="cpu")
         self._finalizer, self._path, self._private = None, Path(state["path"]), True
         self._journal, self._data_files = None, []
         length, nxt = state["header"]
         self._header = Header.private_copy(length, nxt, self._path / HEADER_FILE)
+        self._state, self._shared, self._last_write = SharedState(None), False, (0, 0)
         if state["layout"] is not None:
             self._layout = Layout.from_json(state["layout"])
             self._set_buffers(state["buffers"], self._layout)
@@ -255,6 +302,9 @@ class MemmapStorage(TensorStorage):
         if getattr(self, "_header", None) is not None:
             self._header.close()
             self._header = None  # type: ignore[assignment]
+        if getattr(self, "_state", None) is not None:
+            self._state.close()
+            self._state = None  # type: ignore[assignment]
         finalizer = getattr(self, "_finalizer", None)
         if finalizer is not None:
             finalizer()
@@ -270,6 +320,60 @@ class MemmapStorage(TensorStorage):
         """The backing tensors in layout order (views of all ``capacity`` slots)."""
         self._check_open()
         return self._buffers
+
+    # --- sharing between processes -------------------------------------------------------
+    def share(self) -> None:
+        """Mark the storage as written by several processes at once (see the module doc).
+
+        Pickling and forking do it by themselves; call it on a storage that another process
+        reached with :meth:`open`. A copy-on-write storage is never shared.
+        """
+        self._check_open()
+        self._become_shared()
+
+    def _become_shared(self) -> None:
+        if self._private or self._shared:
+            return
+        if self._state.path is None:  # map shared.bin, seeded with this process's count
+            state = SharedState(inside(self._path, SHARED_FILE), seed=self._state.writes)
+            self._state.close()
+            self._state = state
+        self._shared = True
+
+    @property
+    def shared(self) -> bool:
+        """Whether writes take the shared write lock (see :meth:`share`)."""
+        return self._shared
+
+    @contextlib.contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold the write lock of the directory: no other process writes meanwhile.
+
+        Inside, ``len``, ``next_slot`` and the layout are current (a layout fixed by another
+        process is mapped on entry). Writers of a shared storage hold it across reserve +
+        write + publish; a reader may hold it to read rows no writer is changing.
+        """
+        self._check_open()
+        state = self._state
+        state.lock()
+        try:
+            if self._layout is None:
+                self._current_layout()
+            yield
+        finally:
+            state.unlock()
+
+    @property
+    def write_count(self) -> int:
+        """Items committed so far by every process (monotonic; kept in ``shared.bin``)."""
+        if self._closed:
+            self._check_open()
+        return self._state.writes
+
+    @property
+    def last_write(self) -> tuple[int, int]:
+        """``write_count`` just before and just after this process's last commit."""
+        return self._last_write
 
     # --- hooks -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -301,30 +405,46 @@ class MemmapStorage(TensorStorage):
         """Write prepared data at a normalised index, atomically (see the module docstring)."""
         self._check_open()
         if prepared.layout is not None:
+            # a shared storage: fixed by another process since this one prepared the data?
+            if (
+                self._shared
+                and self._layout is None
+                and self._current_layout() not in (None, prepared.layout)
+            ):
+                raise ValueError(
+                    "data: its layout differs from the layout another process gave the "
+                    f"storage first ({self._layout}); nothing was written"
+                )
             self._ensure_layout(prepared.layout)
         header = self._header
         length = len(self)
         if isinstance(index, int):
             top = last = index + 1
             live = index < length
+            rows = 1
         elif isinstance(index, list):
             top = max((run.stop for run in index), default=0)
             last = index[-1].stop if index else header.next
             live = any(run.start < min(run.stop, length) for run in index)
+            rows = sum(run.stop - run.start for run in index)
         else:
-            count = index.numel()
+            rows = count = index.numel()
             top = int(index.max()) + 1 if count else 0
             last = int(index[-1]) + 1 if count else header.next
             live = bool(count) and int(index.min()) < length
         new_length, new_next = max(length, top), last % self.capacity
         if live and not self._private:
             self._journaled(index, prepared.payload, new_length, new_next)
-            return
-        if isinstance(index, int):
-            self._write_one(index, prepared.payload)
         else:
-            self._write(index, prepared.payload)
-        header.publish(new_length, new_next)
+            if isinstance(index, int):
+                self._write_one(index, prepared.payload)
+            else:
+                self._write(index, prepared.payload)
+            header.publish(new_length, new_next)
+        state = self._state  # counted after the header is published
+        before = state.writes
+        state.add_writes(rows)
+        self._last_write = (before, before + rows)
 
     def _journaled(
         self, index: int | list[slice] | torch.Tensor, payload: list[Any], length: int, nxt: int

@@ -18,6 +18,12 @@ class RoundRobinWriter(Writer):
 
     A batch that wraps is written as at most two contiguous slice copies.
 
+    On a storage shared between processes (:attr:`~rbdata.storages.Storage.shared`, e.g. a
+    pickled or forked :class:`~rbdata.storages.MemmapStorage`) the slots are taken from the
+    storage's shared ``next_slot`` under its :meth:`~rbdata.storages.Storage.write_lock`,
+    held across reserve + write + publish, not from this process's cursor: concurrent
+    writers form one ring.
+
     Examples:
         >>> import torch
         >>> from rbdata.storages import TensorStorage
@@ -51,8 +57,15 @@ class RoundRobinWriter(Writer):
 
         ``check(slot, item)``, if given, runs after validation and before the write.
         """
-        index = self._start(storage)
         prepared = storage.prepare(item, batched=False)
+        if storage.shared:
+            with storage.write_lock():
+                return self._add(storage, storage.next_slot, item, prepared, check)
+        return self._add(storage, self._start(storage), item, prepared, check)
+
+    def _add(
+        self, storage: Storage, index: int, item: Any, prepared: Any, check: WriteCheck | None
+    ) -> int:
         if check is not None:
             check(index, item)
         storage.commit(index, prepared)
@@ -71,7 +84,21 @@ class RoundRobinWriter(Writer):
             raise ValueError(
                 f"data: a batch of {n} items is more than the storage capacity {capacity}"
             )
-        start = self._start(storage)
+        if storage.shared:
+            with storage.write_lock():
+                return self._extend(storage, storage.next_slot, n, data, prepared, check)
+        return self._extend(storage, self._start(storage), n, data, prepared, check)
+
+    def _extend(
+        self,
+        storage: Storage,
+        start: int,
+        n: int,
+        data: Any,
+        prepared: Any,
+        check: WriteCheck | None,
+    ) -> torch.Tensor:
+        capacity = storage.capacity
         index = torch.arange(start, start + n)
         if start + n > capacity:
             index.remainder_(capacity)
