@@ -16,37 +16,14 @@ import sys
 from typing import Any
 
 import numpy as np
-import torch
 from _timing import Config, Report, measure
+from bench_foundation import leaves, transitions
 from tensordict import TensorDict
 
 from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
 
 CAPACITY = 100_000
-OBS, ACT = 17, 6
-KEYS: tuple[Any, ...] = (
-    "observation",
-    "action",
-    ("next", "reward"),
-    ("next", "done"),
-    ("next", "observation"),
-)
-
-
-def transitions(n: int) -> TensorDict:
-    """``n`` random transitions with the TorchRL key names."""
-    return TensorDict(
-        {
-            "observation": torch.randn(n, OBS),
-            "action": torch.randn(n, ACT),
-            "next": {
-                "reward": torch.randn(n, 1),
-                "done": torch.rand(n, 1) < 0.01,
-                "observation": torch.randn(n, OBS),
-            },
-        },
-        batch_size=[n],
-    )
+OBS, ACT = 17, 6  # the shapes of bench_foundation.transitions
 
 
 class NumpyActor:
@@ -75,7 +52,7 @@ class NumpyActor:
 
 
 def _leaves(td: TensorDict) -> list[np.ndarray]:
-    return [td[k].numpy() for k in KEYS]
+    return [t.numpy() for t in leaves(td)]
 
 
 def bench_ray(cfg: Config, rep: Report) -> None:
