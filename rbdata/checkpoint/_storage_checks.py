@@ -11,17 +11,18 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rbdata._layout import TENSOR
 from rbdata.checkpoint._validate import (
     check_int,
-    get_dict,
-    get_int,
-    get_list,
-    layout_sizes,
     leaf_path,
     plain_file,
     read_json,
 )
 from rbdata.errors import CheckpointError
+from rbdata.storages._arrow_checks import check_meta as check_arrow_meta
+from rbdata.storages._memmap_files import check_meta, read_layout
+from rbdata.storages.arrow import _FORMAT as ARROW_FORMAT
+from rbdata.storages.arrow import _VERSION as ARROW_VERSION
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.list import ListStorage
@@ -78,54 +79,47 @@ def _storage_meta(file: Path, fmt: str) -> dict[str, Any]:
 
 
 def _check_memmap(config: dict[str, Any], src: Path) -> int:
+    # layout.json is MemmapStorage's own format: its reader checks every field and file name
     file = src / LAYOUT
-    meta = _storage_meta(file, "rbdata.memmap")
-    capacity = get_int(meta, "capacity", file, "", 1)
+    try:
+        capacity, layout, leaves = check_meta(src, read_layout(src))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(str(err)) from None
     _check_max_size(config, capacity, file)
-    if "layout" in meta:
-        _, sizes = layout_sizes(get_dict(meta, "layout", file, ""), file, "layout")
-        names = get_list(meta, "files", file, "")
-        if len(names) != len(sizes) or min(sizes, default=0) < 0:
+    for leaf, path in zip(layout.leaves if layout else (), leaves, strict=True):
+        row = leaf.numel * leaf.dtype.itemsize
+        size = plain_file(path, "storage").st_size
+        if size != capacity * row:
             raise CheckpointError(
-                f"{file}: field 'files': {len(names)} files for {len(sizes)} leaves"
+                f"{path}: {size} bytes on disk, expected {capacity * row} ({capacity} x "
+                f"{row} bytes); truncated or corrupt"
             )
-        for i, (name, row) in enumerate(zip(names, sizes, strict=True)):
-            leaf = leaf_path(src, name, file, f"files[{i}]")
-            size = plain_file(leaf, "storage").st_size
-            if size != capacity * row:
-                raise CheckpointError(
-                    f"{leaf}: {size} bytes on disk, expected {capacity * row} ({capacity} x "
-                    f"{row} bytes); truncated or corrupt"
-                )
     # the header's format belongs to MemmapStorage: its counts are checked once it is open
     plain_file(src / HEADER, "storage")
     return capacity
 
 
 def _check_arrow(config: dict[str, Any], src: Path) -> tuple[int, list[str]]:
+    # _rbdata.json is ArrowStorage's own format: its reader checks every field
     file = src / ARROW_META
-    meta = _storage_meta(file, "rbdata.arrow")
-    capacity = get_int(meta, "capacity", file, "", 1)
+    meta = read_json(file, "storage")
+    try:
+        checked = check_arrow_meta(meta, file, ARROW_FORMAT, ARROW_VERSION)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    capacity, chunk, length = checked["capacity"], checked["chunk_size"], checked["length"]
     _check_max_size(config, capacity, file)
-    chunk = get_int(meta, "chunk_size", file, "", 1, capacity)
-    length = get_int(meta, "length", file, "", 0, capacity)
-    get_int(meta, "next", file, "", 0, capacity - 1)
-    ragged = meta.get("ragged", [])
-    if not isinstance(ragged, list) or not all(
-        isinstance(k, list) and all(isinstance(p, str) for p in k) for k in ragged
-    ):
-        raise CheckpointError(f"{file}: field 'ragged' must be a list of key lists")
-    for key, value in (("chunk_size", chunk), ("ragged", ragged)):
+    for key, value in (("chunk_size", chunk), ("ragged", meta.get("ragged", []))):
         if key in config and config[key] != value:
             raise CheckpointError(
                 f"{file}: {key}={value!r:.60}, the checkpoint's storage config says "
                 f"{config[key]!r:.60}"
             )
-    sizes: list[int] = []
-    if "layout" in meta:
-        sizes = layout_sizes(get_dict(meta, "layout", file, ""), file, "layout")[1]
-    elif length:
-        raise CheckpointError(f"{file}: {length} rows but no layout")
+    layout = checked["layout"]
+    sizes = [
+        leaf.numel * leaf.dtype.itemsize if leaf.kind == TENSOR else -1
+        for leaf in (layout.leaves if layout is not None else ())
+    ]
     # with fixed-shape leaves only, a chunk file is its rows plus a small Arrow framing: a
     # larger file is junk, refused before it is copied (variable-length leaves: no bound)
     limit = 2 * chunk * sum(sizes) + _ARROW_SLACK if min(sizes, default=-1) >= 0 else None

@@ -9,7 +9,6 @@ failure raises :class:`~rbdata.errors.CheckpointError` naming the file and the f
 from __future__ import annotations
 
 import json
-import math
 import os
 import stat
 from collections.abc import Mapping
@@ -18,7 +17,6 @@ from typing import Any
 
 import torch
 
-from rbdata._layout import RAGGED, STRING, TENSOR, Layout
 from rbdata.errors import CheckpointError
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.storages._files import inside, open_nofollow
@@ -34,7 +32,6 @@ __all__ = [
     "get_int",
     "check_int",
     "get_list",
-    "layout_sizes",
     "leaf_path",
     "plain_file",
     "read_json",
@@ -43,7 +40,6 @@ __all__ = [
 
 #: deepest nesting of lists and dicts accepted in a metadata file
 MAX_DEPTH = 100
-_KINDS = (TENSOR, RAGGED, STRING)
 
 
 def check_depth(obj: Any, file: Path | str, limit: int = MAX_DEPTH) -> None:
@@ -146,32 +142,6 @@ def check_int(
 
 def _join(where: str, key: str) -> str:
     return f"{where}.{key}" if where else key
-
-
-def layout_sizes(obj: Any, file: Path, where: str) -> tuple[Layout, list[int]]:
-    """Check a layout's JSON; return it and each leaf's bytes per item (``-1``: variable)."""
-    leaves = get_list(obj, "leaves", file, where)
-    if not isinstance(get(obj, "kind", file, where), str):
-        raise CheckpointError(f"{file}: field {_join(where, 'kind')!r} must be a string")
-    sizes = []
-    for i, entry in enumerate(leaves):
-        at = f"{_join(where, 'leaves')}[{i}]"
-        key = get_list(entry, "key", file, at)
-        if not all(isinstance(k, str) for k in key):
-            raise CheckpointError(f"{file}: field {at}.key must be a list of strings")
-        shape = [check_int(s, file, f"{at}.shape") for s in get_list(entry, "shape", file, at)]
-        dtype = getattr(torch, str(get(entry, "dtype", file, at)), None)
-        if not isinstance(dtype, torch.dtype):
-            raise CheckpointError(f"{file}: field {at}.dtype: unknown dtype {entry['dtype']!r}")
-        kind = entry.get("kind", TENSOR)
-        if kind not in _KINDS:
-            raise CheckpointError(f"{file}: field {at}.kind: unknown leaf kind {kind!r}")
-        sizes.append(math.prod(shape) * dtype.itemsize if kind == TENSOR else -1)
-    try:
-        layout = Layout.from_json(obj)
-    except (KeyError, TypeError, ValueError) as err:
-        raise CheckpointError(f"{file}: field {where or 'layout'!r}: {err}") from err
-    return layout, sizes
 
 
 def leaf_path(root: Path, name: Any, file: Path, field: str) -> Path:

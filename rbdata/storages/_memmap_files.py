@@ -155,7 +155,12 @@ def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, li
         raise bad_field(file, "files", names, f"a list of {len(leaves)} file names (one per leaf)")
     if len(set(map(str, names))) != len(names) or set(map(str, names)) & _RESERVED:
         raise bad_field(file, "files", names, "distinct names of data files")
-    paths = [inside(root, name, "data file") for name in names]
+    paths = []
+    for i, name in enumerate(names):
+        try:
+            paths.append(inside(root, name, "data file"))
+        except ValueError as err:  # name the metadata file and field, keep the reason
+            raise ValueError(f"{file}: field 'files[{i}]': {err}") from None
     return capacity, Layout.from_json(layout), paths
 
 
