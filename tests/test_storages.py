@@ -2,11 +2,23 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 import torch
 from contracts import StorageContract, assert_rows_are, transitions
+from tensordict import TensorDict
+from torch.utils.data import BatchSampler, DataLoader, default_collate
+from torch.utils.data._utils.collate import default_collate_fn_map
 
-from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, Storage, TensorStorage
+from rbdata.storages import (
+    ArrowStorage,
+    ListStorage,
+    MemmapStorage,
+    Storage,
+    TensorStorage,
+    _collate,
+)
 from rbdata.storages import arrow as arrow_module
 
 
@@ -75,12 +87,61 @@ def test_tensor_storage_on_cuda() -> None:
 
 
 def test_default_collate_still_stacks_lists_of_tensors() -> None:
-    from torch.utils.data import default_collate
-
     rows = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
     torch.testing.assert_close(default_collate(rows), torch.stack(rows))
     gathered = torch.arange(6.0).view(3, 2)
     assert default_collate(gathered) is gathered  # a gathered batch passes through
+
+
+def _loader_batches(storage: Storage, **kwargs: Any) -> list[Any]:
+    sampler = BatchSampler(list(range(len(storage)))[::-1], 3, drop_last=False)
+    return list(DataLoader(storage, batch_sampler=sampler, **kwargs))
+
+
+@pytest.mark.parametrize("make", [TensorStorage, ListStorage])
+def test_default_collate_returns_the_gathered_batch_without_indexing_it(
+    make: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    storage = make(10)
+    storage.set(slice(0, 10), transitions(10))
+    # the marked batch's entry is taken, and TensorDict indexing never runs during collate
+    calls = []
+    entry = default_collate_fn_map[_collate._FirstOfGathered]
+    monkeypatch.setitem(
+        default_collate_fn_map,
+        _collate._FirstOfGathered,
+        lambda batch, **kw: calls.append(1) or entry(batch, **kw),
+    )
+    expected = [storage[idx] for idx in ([9, 8, 7], [6, 5, 4], [3, 2, 1], [0])]
+    for kwargs in ({}, {"collate_fn": default_collate}):
+        calls.clear()
+        batches = _loader_batches(storage, **kwargs)
+        assert len(calls) == len(expected)
+        for got, want in zip(batches, expected, strict=True):
+            assert type(got) is type(want)
+            assert (got == want).all()
+    # other collate functions get the plain batch, identical to an indexed read
+    wrapped = _loader_batches(storage, collate_fn=lambda b: default_collate(b))
+    identity = _loader_batches(storage, collate_fn=lambda b: b)
+    for a, b, want in zip(wrapped, identity, expected, strict=True):
+        assert type(a) is type(b) is type(want)
+        assert (a == want).all() and (b == want).all()
+
+
+def test_a_marked_batch_indexed_by_anything_else_is_a_plain_tensordict() -> None:
+    storage = TensorStorage(6)
+    storage.set(slice(0, 6), transitions(6))
+    for index, ids in ((1, 4), (slice(0, 2), [5, 4]), ("id", [5, 4, 3])):
+        batch = _collate.mark_for_default_collate(storage[[5, 4, 3]])
+        assert type(batch) is not TensorDict
+        got = batch[index]
+        assert type(batch) is TensorDict
+        got_ids = got if isinstance(got, torch.Tensor) else got["id"]
+        assert got_ids.tolist() == ids
+    # default_collate called on a marked batch directly returns it, plain
+    batch = _collate.mark_for_default_collate(storage[[2, 0]])
+    out = default_collate(batch)
+    assert out is batch and type(out) is TensorDict and out["id"].tolist() == [2, 0]
 
 
 def test_list_storage_batch_of_mixed_objects_comes_back_as_a_list() -> None:

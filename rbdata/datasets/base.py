@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -24,6 +25,7 @@ from rbdata.buffer import ReplayBuffer
 from rbdata.datasets._cache import STORAGE_DIR, read_entry
 from rbdata.errors import ReadOnlyError
 from rbdata.samplers.base import Sampler
+from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap import MemmapStorage
@@ -143,7 +145,10 @@ class OfflineDataset(Dataset[Any]):
 
     def __getitems__(self, indices: Any) -> Any:
         """The items at ``indices`` as one batch, gathered in one read (see storages)."""
-        return self.buffer.storage.__getitems__(indices)
+        batch = self.buffer.storage.__getitems__(indices)
+        if feeds_default_collate(sys._getframe(1)):
+            mark_for_default_collate(batch)
+        return batch
 
     # --- buffer ------------------------------------------------------------------------------
     def sample(self, batch_size: int | None = None) -> Any:

@@ -1,6 +1,5 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
-from rbdata.storages import _collate  # noqa: F401 - lets default_collate take gathered batches
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Prepared, Storage
 from rbdata.storages.convert import convert

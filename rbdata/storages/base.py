@@ -10,6 +10,7 @@ size before choosing slots; ``set`` is both in one call.
 from __future__ import annotations
 
 import contextlib
+import sys
 from abc import abstractmethod
 from collections.abc import Sequence
 from typing import Any
@@ -19,6 +20,7 @@ from torch.utils.data import Dataset
 
 from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capacity, normalize_int
 from rbdata._layout import EMPTY_BATCH, Layout, is_structured, stack_items
+from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
 
 __all__ = ["Prepared", "Storage", "WriteIndex"]
 
@@ -164,12 +166,18 @@ class Storage(Dataset[Any]):
 
         An :class:`~rbdata._index.IndexBatch` (what rbdata's ``BatchSampler`` yields) adds
         ``"index"`` and the sampler's extras (e.g. ``"weight"``) to TensorDict batches.
+        A batch on its way into ``DataLoader``'s ``default_collate`` passes it untouched
+        (see ``rbdata/storages/_collate.py``).
         """
         self._check_open()
         if type(indices) is IndexBatch:
             idx = as_index_tensor(indices.tensor, len(self))
-            return self._gather(idx, {"index": idx, **indices.extras})
-        return self._gather(as_index_tensor(indices, len(self)), None)
+            batch = self._gather(idx, {"index": idx, **indices.extras})
+        else:
+            batch = self._gather(as_index_tensor(indices, len(self)), None)
+        if feeds_default_collate(sys._getframe(1)):
+            mark_for_default_collate(batch)
+        return batch
 
     def set(self, index: WriteIndex, data: Any) -> None:
         """Write ``data`` at ``index``: one item at an int, else a batch (leading dim = count).

@@ -480,8 +480,8 @@ def bench_dataloader(cfg: Config, rep: Report) -> None:
         )
         rep.info("arrow entry", per["arrow"], per["floor"])
         rep.note(
-            "default_collate indexes batch[0] of the gathered TensorDict (one TensorDict built "
-            "per batch and dropped) before tensordict's entry returns the batch as it is"
+            "default_collate returns the gathered TensorDict untouched: the storage marks a batch "
+            "bound for it, so torch's collate does not index batch[0] (rbdata/storages/_collate.py)"
         )
         del tensors, mapped, loaders
     finally:
