@@ -49,6 +49,7 @@ bench: venv
 	$(PY) tests/benchmarks/bench_checkpoint.py
 	$(PY) tests/benchmarks/bench_datasets.py
 	$(PY) tests/benchmarks/bench_distributed.py
+	$(PY) tests/benchmarks/bench_compat.py
 
 docs: venv
 	$(PY) -m sphinx -W -b html docs docs/_build/html

@@ -1,0 +1,356 @@
+"""SB3's uniform ``ReplayBuffer`` and the sample tuples (see :mod:`rbdata.compat.sb3`)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any, NamedTuple
+
+import numpy as np
+import torch
+
+from rbdata.buffer import ReplayBuffer as _Buffer
+from rbdata.compat import _sb3_spaces as spaces
+from rbdata.compat._sb3_writes import StepWriter
+from rbdata.errors import EmptyBufferError
+from rbdata.samplers.base import Sampler
+from rbdata.samplers.uniform import UniformSampler
+from rbdata.storages.base import Storage
+
+__all__ = ["PrioritizedReplayBufferSamples", "ReplayBuffer", "ReplayBufferSamples", "positive_int"]
+
+
+class ReplayBufferSamples(NamedTuple):
+    """SB3's ``ReplayBufferSamples``: same fields, shapes ``[B, ...]`` and ``[B, 1]``."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    next_observations: torch.Tensor
+    dones: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor | None = None
+
+
+class PrioritizedReplayBufferSamples(NamedTuple):
+    """:class:`ReplayBufferSamples` plus ``indices`` ``[B]`` and importance ``weights`` ``[B, 1]``.
+
+    ``indices`` are flat transition indices ``slot * n_envs + env``, for
+    :meth:`PrioritizedReplayBuffer.update_priorities`.
+    """
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    next_observations: torch.Tensor
+    dones: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor | None = None
+    indices: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
+
+
+def positive_int(value: Any, name: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+class ReplayBuffer:
+    """Stable-Baselines3's ``ReplayBuffer`` on an rbdata storage.
+
+    Args:
+        buffer_size: transitions in all; as in SB3, ``buffer_size // n_envs`` slots of
+            ``n_envs`` transitions (``buffer_size`` then holds the slot count).
+        observation_space: a gymnasium ``Box``, ``Discrete``, ``MultiDiscrete`` or
+            ``MultiBinary`` space.
+        action_space: same kinds.
+        device: where sampled tensors go (``"auto"``: CUDA when available).
+        n_envs: parallel environments per ``add``.
+        optimize_memory_usage: keep one observation array (the next observation is the next
+            slot's), as SB3; not together with ``handle_timeout_termination``.
+        handle_timeout_termination: a ``TimeLimit.truncated`` info marks a cut, not a
+            terminal: sampled ``dones`` are ``done * (1 - truncated)``.
+        storage: ``"tensor"`` (RAM), ``"memmap"`` (files under ``path``) or an empty or
+            previously written :class:`~rbdata.storages.TensorStorage` /
+            :class:`~rbdata.storages.MemmapStorage` of capacity ``buffer_size // n_envs *
+            n_envs`` (a reopened storage resumes where it was).
+        path: directory of a ``"memmap"`` storage (``None``: a temporary one).
+        generator: random generator of ``sample`` (``None``: one seeded from torch's global
+            RNG).
+
+    Examples:
+        >>> import numpy as np
+        >>> from gymnasium import spaces
+        >>> rb = ReplayBuffer(100, spaces.Box(-1, 1, (3,)), spaces.Discrete(2), device="cpu")
+        >>> obs = np.zeros((1, 3), np.float32)
+        >>> rb.add(obs, obs + 1, np.array([1]), np.array([0.5]), np.array([False]), [{}])
+        >>> batch = rb.sample(4)
+        >>> batch.observations.shape, batch.actions.dtype, batch.rewards.shape, rb.size()
+        (torch.Size([4, 3]), torch.int64, torch.Size([4, 1]), 1)
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: Any,
+        action_space: Any,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        storage: str | Storage = "tensor",
+        path: str | os.PathLike[str] | None = None,
+        generator: torch.Generator | None = None,
+    ) -> None:
+        buffer_size = positive_int(buffer_size, "buffer_size")
+        self.n_envs = positive_int(n_envs, "n_envs")
+        if optimize_memory_usage and handle_timeout_termination:
+            raise ValueError(
+                "ReplayBuffer does not support optimize_memory_usage = True "
+                "and handle_timeout_termination = True simultaneously."
+            )
+        self.observation_space = observation_space
+        self.action_space = action_space
+        self.obs_shape = spaces.obs_shape(observation_space)
+        self.action_dim = spaces.action_dim(action_space)
+        self.device = spaces.resolve_device(device)
+        self.buffer_size = max(buffer_size // self.n_envs, 1)
+        self.optimize_memory_usage = bool(optimize_memory_usage)
+        self.handle_timeout_termination = bool(handle_timeout_termination)
+        self.pos = 0
+        self.full = False
+        self._writer = StepWriter(
+            self.buffer_size,
+            self.n_envs,
+            self.obs_shape,
+            spaces.obs_dtype(observation_space),
+            self.action_dim,
+            spaces.action_dtype(action_space),
+            discrete_obs=spaces.space_kind(observation_space, "") == "Discrete",
+            next_in_slot=self.optimize_memory_usage,
+            timeouts=self.handle_timeout_termination,
+        )
+        store = self._writer.open_storage(storage, path)
+        self._bind(store, self._new_sampler(store, generator))
+
+    # --- parts -------------------------------------------------------------------------------
+    def _new_sampler(self, storage: Storage, generator: torch.Generator | None) -> Sampler:
+        return UniformSampler(generator=generator)
+
+    def _bind(self, storage: Storage, sampler: Sampler) -> None:
+        """Use ``storage`` and ``sampler``; ``pos`` and ``full`` are read from the storage."""
+        self._rb = _Buffer(storage, sampler)
+        self._storage = storage
+        self._sampler = sampler
+        self.pos, self.full = self._writer.position(storage)
+        self._writer.attach(storage)
+
+    def _sync(self) -> None:
+        """Bring the storage's bookkeeping (length, next slot) up to date with ``add``."""
+        self._writer.sync(self._storage, self.pos, self.full)
+
+    @property
+    def storage(self) -> Storage:
+        """The rbdata storage, one item per ``(slot, env)`` at ``slot * n_envs + env``.
+
+        Its length and next slot are current when read through this property (``add`` on a
+        CPU :class:`~rbdata.storages.TensorStorage` updates them lazily).
+        """
+        self._sync()
+        return self._storage
+
+    @property
+    def replay_buffer(self) -> _Buffer:
+        """The same data as an :class:`rbdata.ReplayBuffer` (its writer is not used by ``add``)."""
+        self._sync()
+        self._rb.writer.load_state_dict({"cursor": self._storage.next_slot})
+        return self._rb
+
+    def __getstate__(self) -> dict[str, Any]:
+        self._sync()  # the storage's bookkeeping travels with it
+        return self.__dict__.copy()
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._writer.attach(self._storage)
+
+    # --- SB3 surface -------------------------------------------------------------------------
+    def size(self) -> int:
+        """Filled slots (``buffer_size`` once full), as SB3."""
+        return self.buffer_size if self.full else self.pos
+
+    def add(
+        self,
+        obs: Any,
+        next_obs: Any,
+        action: Any,
+        reward: Any,
+        done: Any,
+        infos: Any,
+    ) -> None:
+        """Add one step of ``n_envs`` transitions at slot ``pos`` (arguments as SB3's).
+
+        Raises:
+            ValueError, TypeError: naming the argument whose shape or type does not fit;
+                nothing is written then.
+        """
+        pos = self.pos
+        self._writer.write(self._storage, pos, obs, next_obs, action, reward, done, infos)
+        self._written(pos)
+        pos += 1
+        if pos == self.buffer_size:
+            self.full = True
+            pos = 0
+        self.pos = pos
+
+    def _written(self, pos: int) -> None:
+        """Hook after slot ``pos`` was written (the prioritized buffer sets priorities)."""
+
+    def extend(self, *args: Any) -> None:
+        """Add several steps: each argument holds one entry per step (as SB3)."""
+        for data in zip(*args, strict=True):
+            self.add(*data)
+
+    def reset(self) -> None:
+        """Forget every transition (``pos = 0``, ``full = False``)."""
+        self._rb.empty()
+        self.pos, self.full = 0, False
+        self._writer.attach(self._storage)
+
+    def _draw(self, batch_size: int) -> torch.Tensor:
+        """Flat indices ``slot * n_envs + env`` drawn as SB3 draws slots and envs."""
+        n, cap = self.n_envs, self.buffer_size * self.n_envs
+        gen = self._sampler.generator
+        if self.optimize_memory_usage and self.full:  # every slot but pos (its next is stale)
+            k = torch.randint(n, cap, (batch_size,), generator=gen)
+            return k.add_(self.pos * n).remainder_(cap)
+        high = cap if self.full else self.pos * n
+        if high == 0:
+            raise EmptyBufferError("cannot sample: the buffer is empty (add first)")
+        return torch.randint(high, (batch_size,), generator=gen)
+
+    def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples:
+        """Draw ``batch_size`` transitions uniformly (``env``: a ``VecNormalize`` to apply)."""
+        batch_size = positive_int(batch_size, "batch_size")
+        return ReplayBufferSamples(*self._gather(self._draw(batch_size), env))
+
+    def _get_samples(
+        self, batch_inds: Any, env: Any = None, env_indices: Any = None
+    ) -> ReplayBufferSamples:
+        """The transitions at slots ``batch_inds`` of envs ``env_indices`` (random if ``None``)."""
+        slots = torch.as_tensor(np.asarray(batch_inds), dtype=torch.long)
+        if env_indices is None:
+            gen = self._sampler.generator
+            envs = torch.randint(self.n_envs, (len(slots),), generator=gen)
+        else:
+            envs = torch.as_tensor(np.asarray(env_indices), dtype=torch.long)
+        return ReplayBufferSamples(*self._gather(slots * self.n_envs + envs, env))
+
+    def _gather(self, flat: torch.Tensor, env: Any) -> tuple[torch.Tensor, ...]:
+        obs, actions, next_obs, dones, rewards = self._writer.gather(self._storage, flat)
+        if env is not None:
+            obs = self.to_torch(self._normalize_obs(obs.numpy(), env))
+            next_obs = self.to_torch(self._normalize_obs(next_obs.numpy(), env))
+            rewards = self.to_torch(self._normalize_reward(rewards.numpy(), env))
+        device = self.device
+        if obs.device != device:
+            return tuple(t.to(device) for t in (obs, actions, next_obs, dones, rewards))
+        return obs, actions, next_obs, dones, rewards
+
+    def to_torch(self, array: np.ndarray[Any, Any], copy: bool = True) -> torch.Tensor:
+        """A numpy array as a tensor on ``device`` (copied unless ``copy=False``), as SB3."""
+        if copy:
+            return torch.tensor(array, device=self.device)
+        return torch.as_tensor(array, device=self.device)
+
+    @staticmethod
+    def swap_and_flatten(arr: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """``[n_steps, n_envs, ...]`` to ``[n_steps * n_envs, ...]`` env by env, as SB3."""
+        shape = arr.shape
+        if len(shape) < 3:
+            shape = (*shape, 1)
+        return arr.swapaxes(0, 1).reshape(shape[0] * shape[1], *shape[2:])
+
+    @staticmethod
+    def _normalize_obs(obs: Any, env: Any = None) -> Any:
+        return obs if env is None else env.normalize_obs(obs)
+
+    @staticmethod
+    def _normalize_reward(reward: Any, env: Any = None) -> Any:
+        return reward if env is None else env.normalize_reward(reward).astype(np.float32)
+
+    # --- checkpoints -------------------------------------------------------------------------
+    def dumps(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        """Write the buffer (transitions, ``pos``/``full``, sampler state) to directory ``path``.
+
+        Atomic and pickle-free: :meth:`rbdata.ReplayBuffer.dumps`.
+        """
+        self.replay_buffer.dumps(path, fsync=fsync)
+
+    def load(self, path: str | os.PathLike[str]) -> None:
+        """Copy checkpoint ``path`` into this buffer (built with the same arguments).
+
+        Raises:
+            ValueError: if the checkpoint's capacity, layout or sampler differ.
+        """
+        rb = self._rb
+        layout = rb.storage.layout
+        rb.load(path)
+        if layout is not None and rb.storage.layout != layout:  # pragma: no cover - copied
+            raise ValueError(f"path: {path} holds another layout")
+        self.pos, self.full = self._writer.position(self._storage)
+        self._writer.attach(self._storage)
+
+    @classmethod
+    def loads(
+        cls,
+        path: str | os.PathLike[str],
+        observation_space: Any,
+        action_space: Any,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        **kwargs: Any,
+    ) -> Any:
+        """A buffer over checkpoint ``path``, mapped lazily (writes stay in this process).
+
+        The spaces and ``n_envs`` are given again (spaces are not saved; ``buffer_size`` is
+        the checkpoint's); the storage's layout must fit them, and sampling resumes with the
+        saved sampler state. ``kwargs`` are the other constructor arguments.
+
+        With ``optimize_memory_usage=True``, a buffer saved one step before it first fills
+        comes back as full at the same ``pos`` (the storage cannot tell the two apart): it
+        samples the same transitions, only ``size()`` is one slot more.
+
+        Raises:
+            rbdata.errors.CheckpointError: for a missing or corrupt checkpoint.
+            ValueError: if the checkpoint does not fit the arguments.
+        """
+        loaded = _Buffer.loads(path)
+        storage = loaded.storage
+        self = cls(
+            storage.capacity,
+            observation_space,
+            action_space,
+            device,
+            n_envs,
+            storage=storage,
+            **kwargs,
+        )
+        if type(loaded.sampler) is not type(self._sampler):
+            raise ValueError(
+                f"path: {path} holds a {type(loaded.sampler).__name__}, this buffer uses a "
+                f"{type(self._sampler).__name__}"
+            )
+        self._bind(storage, loaded.sampler)
+        return self
+
+    def close(self) -> None:
+        """Close the storage (a temporary memmap directory is removed)."""
+        close = getattr(self._storage, "close", None)
+        if close is not None:
+            close()
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}(buffer_size={self.buffer_size}, n_envs={self.n_envs}, "
+            f"size={self.size()}, storage={type(self._storage).__name__})"
+        )

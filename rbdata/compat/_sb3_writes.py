@@ -1,0 +1,309 @@
+"""The per-step write and the batch gather of :mod:`rbdata.compat.sb3`, on a fixed schema.
+
+A :class:`StepWriter` knows the one layout an SB3 buffer has, so an ``add`` needs no layout
+inference: the arguments are first cast (numpy assignment: SB3's own casting and
+broadcasting) into staging arrays, so a bad argument raises before anything is written.
+Then one of two paths writes them:
+
+- the reference path, for every storage: the staging tensors form a reusable
+  :class:`~rbdata.storages.base.Prepared` that :meth:`~rbdata.storages.Storage.commit` writes,
+  keeping the storage's length and next slot (and, for a
+  :class:`~rbdata.storages.MemmapStorage`, its crash-atomic journal);
+- the fast path, for a CPU :class:`~rbdata.storages.TensorStorage` once its memory is
+  allocated: one numpy row assignment per leaf into the storage's
+  :attr:`~rbdata.storages.TensorStorage.buffers` (what SB3 itself does), with the
+  storage's length and next slot brought up to date lazily by :meth:`StepWriter.sync`
+  (re-committing the last written slot with its own rows) before anything reads them.
+
+``tests/test_compat_sb3.py`` checks that both paths leave identical storages.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata._layout import Layout
+from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.memmap import MemmapStorage
+from rbdata.storages.tensor import TensorStorage
+
+__all__ = ["KEYS", "StepWriter"]
+
+OBS, ACTION, NEXT_OBS = ("observation",), ("action",), ("next", "observation")
+REWARD, DONE, TRUNCATED = ("next", "reward"), ("next", "done"), ("next", "truncated")
+#: the stored keys (``NEXT_OBS`` absent with ``optimize_memory_usage``)
+KEYS = (OBS, ACTION, NEXT_OBS, REWARD, DONE, TRUNCATED)
+
+
+def _shape_error(name: str, expected: tuple[int, ...], value: Any, err: Exception) -> ValueError:
+    given = getattr(value, "shape", None)
+    given_s = f"shape {tuple(given)}" if given is not None else f"a {type(value).__name__}"
+    return ValueError(f"{name}: expected shape {expected} (or broadcastable), got {given_s}: {err}")
+
+
+class StepWriter:
+    """Staging arrays + a reusable ``Prepared`` for one step of ``n_envs`` transitions."""
+
+    def __init__(
+        self,
+        n_slots: int,
+        n_envs: int,
+        obs_shape: tuple[int, ...],
+        obs_dtype: np.dtype[Any],
+        action_dim: int,
+        action_dtype: np.dtype[Any],
+        *,
+        discrete_obs: bool,
+        next_in_slot: bool,
+        timeouts: bool,
+    ) -> None:
+        # what pickling keeps: the staging tensors alias numpy arrays, which a pickle would
+        # copy apart, so an unpickled writer is rebuilt from these (and attached again)
+        self._args = (n_slots, n_envs, obs_shape, obs_dtype, action_dim, action_dtype)
+        self._flags = {"discrete_obs": discrete_obs, "next_in_slot": next_in_slot}
+        self._flags["timeouts"] = timeouts
+        self.n_slots, self.n_envs = n_slots, n_envs
+        self.capacity = n_slots * n_envs
+        self.discrete_obs, self.next_in_slot, self.timeouts = discrete_obs, next_in_slot, timeouts
+        self.obs_item = (n_envs, *obs_shape)
+        self.action_item = (n_envs, action_dim)
+        stage = {
+            OBS: np.zeros(self.obs_item, obs_dtype),
+            ACTION: np.zeros(self.action_item, action_dtype),
+            NEXT_OBS: np.zeros(self.obs_item, obs_dtype),
+            REWARD: np.zeros(n_envs, np.float32),
+            DONE: np.zeros(n_envs, np.float32),
+            TRUNCATED: np.zeros(n_envs, np.float32),
+        }
+        if next_in_slot:  # the next observation goes to the next slot's observation
+            blank = {k: np.zeros_like(v) for k, v in stage.items() if k != NEXT_OBS}
+            blank[OBS] = stage.pop(NEXT_OBS)
+            self._next_obs = blank[OBS]
+        else:
+            self._next_obs = stage[NEXT_OBS]
+        self._obs, self._action = stage[OBS], stage[ACTION]
+        self._reward, self._done, self._truncated = stage[REWARD], stage[DONE], stage[TRUNCATED]
+        tensors = {k: torch.from_numpy(v) for k, v in stage.items()}
+        self.layout = Layout.from_data(_nest(tensors), batched=True)
+        self._step = self._prepared(stage)
+        self._blank = self._prepared(blank) if next_in_slot else None
+        self._leaf_of = {leaf.key: i for i, leaf in enumerate(self.layout.leaves)}
+        leaves = self.layout.leaves
+        self._stage_rows = [stage[leaf.key] for leaf in leaves]
+        self._blank_rows = [blank[leaf.key] for leaf in leaves] if next_in_slot else []
+        #: ``[n_slots, n_envs, ...]`` numpy views of the storage's leaves (fast path) or None
+        self._views: list[np.ndarray[Any, Any]] | None = None
+        #: slots written on the fast path since the storage's bookkeeping was last updated
+        self.stale = False
+        self._fast = False
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"args": self._args, "flags": self._flags}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__init__(*state["args"], **state["flags"])  # type: ignore[misc]
+
+    def _prepared(self, stage: dict[tuple[str, ...], np.ndarray[Any, Any]]) -> Prepared:
+        """The staging arrays as one item (``n_envs == 1``: the numpy row path) or a batch."""
+        one = self.n_envs == 1
+        payload = [
+            torch.from_numpy(stage[leaf.key][0, ...] if one else stage[leaf.key])
+            for leaf in self.layout.leaves
+        ]
+        return Prepared(payload, 1 if one else self.n_envs, self.layout, not one)
+
+    # --- storage ------------------------------------------------------------------------------
+    def open_storage(self, storage: Any, path: str | os.PathLike[str] | None) -> Storage:
+        """The storage named by ``storage`` (checked against this schema if given one)."""
+        cap = self.capacity
+        if storage == "tensor":
+            if path is not None:
+                raise ValueError("path: only storage='memmap' takes a path")
+            return TensorStorage(cap)
+        if storage == "memmap":
+            return MemmapStorage(cap, path)
+        if not isinstance(storage, TensorStorage):
+            raise TypeError(
+                "storage: expected 'tensor', 'memmap', a TensorStorage or a MemmapStorage, "
+                f"got {storage!r:.80}"
+            )
+        if path is not None:
+            raise ValueError("path: give the path to MemmapStorage itself, not here")
+        if storage.capacity != cap:
+            raise ValueError(
+                f"storage: expected capacity {cap} (buffer_size // n_envs * n_envs), "
+                f"got {storage.capacity}"
+            )
+        if storage.layout is not None and storage.layout != self.layout:
+            raise ValueError(f"storage: expected layout {self.layout}, got {storage.layout}")
+        self.position(storage)
+        return storage
+
+    def attach(self, storage: Storage, *, fast: bool = True) -> None:
+        """Write into ``storage`` from now on (the fast path if it allows and ``fast``)."""
+        self.stale = False
+        self._views = None
+        eligible = type(storage) is TensorStorage and storage.device.type == "cpu"
+        self._fast = fast and eligible
+        if self._fast and storage.layout is not None:
+            self._views = [
+                b.numpy().reshape(self.n_slots, self.n_envs, *b.shape[1:])
+                for b in storage.buffers  # type: ignore[attr-defined]
+            ]
+
+    def sync(self, storage: Storage, pos: int, full: bool) -> None:
+        """Bring the storage's length and next slot up to date after fast-path writes."""
+        if not self.stale:
+            return
+        last = pos if self.next_in_slot else (pos - 1) % self.n_slots
+        if full and len(storage) < self.capacity:
+            self._recommit(storage, self.n_slots - 1)  # the ring went round: all slots live
+        self._recommit(storage, last)
+        self.stale = False
+
+    def _recommit(self, storage: Storage, slot: int) -> None:
+        """Commit slot ``slot`` with its own rows (only the bookkeeping changes)."""
+        n = self.n_envs
+        bufs = storage.buffers  # type: ignore[attr-defined]
+        if n == 1:
+            rows = [b[slot].clone() for b in bufs]
+            storage.commit(slot, Prepared(rows, 1, self.layout, False))
+        else:
+            runs = [slice(slot * n, slot * n + n)]
+            rows = [b[runs[0]].clone() for b in bufs]
+            storage.commit(runs, Prepared(rows, n, self.layout, True))
+
+    def position(self, storage: Storage) -> tuple[int, bool]:
+        """SB3's ``(pos, full)`` read from the storage's length and next slot."""
+        n, length, nxt = self.n_envs, len(storage), storage.next_slot
+        if length % n or nxt % n:
+            raise ValueError(
+                f"storage: length {length} and next slot {nxt} must be multiples of n_envs={n}"
+            )
+        full = length == self.capacity
+        if not self.next_in_slot:
+            return (nxt // n if full else length // n), full
+        if length == 0:
+            return 0, False
+        # each add also wrote the next slot: pos is the slot before the last one written
+        return (nxt // n - 1) % self.n_slots, full
+
+    # --- writes -------------------------------------------------------------------------------
+    def write(
+        self,
+        storage: Storage,
+        pos: int,
+        obs: Any,
+        next_obs: Any,
+        action: Any,
+        reward: Any,
+        done: Any,
+        infos: Any,
+    ) -> None:
+        """Cast one step into the staging arrays (all checks), then commit it at ``pos``."""
+        if self.discrete_obs:
+            obs = self._reshape(obs, "obs")
+            next_obs = self._reshape(next_obs, "next_obs")
+        try:
+            self._obs[...] = obs
+        except (ValueError, TypeError) as err:
+            raise _shape_error("obs", self.obs_item, obs, err) from None
+        try:
+            self._next_obs[...] = next_obs
+        except (ValueError, TypeError) as err:
+            raise _shape_error("next_obs", self.obs_item, next_obs, err) from None
+        try:
+            self._action[...] = np.asarray(action).reshape(self.action_item)
+        except (ValueError, TypeError) as err:
+            raise _shape_error("action", self.action_item, action, err) from None
+        try:
+            self._reward[...] = reward
+        except (ValueError, TypeError) as err:
+            raise _shape_error("reward", (self.n_envs,), reward, err) from None
+        try:
+            self._done[...] = done
+        except (ValueError, TypeError) as err:
+            raise _shape_error("done", (self.n_envs,), done, err) from None
+        if self.timeouts:
+            self._truncated[...] = self._timeouts(infos)
+        views = self._views
+        if views is not None:  # the fast path: SB3's own row assignments
+            for view, row in zip(views, self._stage_rows, strict=True):
+                view[pos] = row
+            if self.next_in_slot:
+                nxt = (pos + 1) % self.n_slots
+                for view, row in zip(views, self._blank_rows, strict=True):
+                    view[nxt] = row
+            self.stale = True
+            return
+        self._commit(storage, pos)
+        if self._fast:  # the first commit allocated the storage: take its views
+            self.attach(storage)
+
+    def _commit(self, storage: Storage, pos: int) -> None:
+        n = self.n_envs
+        if n == 1:
+            storage.commit(pos, self._step)
+            if self._blank is not None:
+                storage.commit((pos + 1) % self.n_slots, self._blank)
+            return
+        start = pos * n
+        storage.commit([slice(start, start + n)], self._step)
+        if self._blank is not None:
+            start = (pos + 1) % self.n_slots * n
+            storage.commit([slice(start, start + n)], self._blank)
+
+    def _reshape(self, value: Any, name: str) -> np.ndarray[Any, Any]:
+        try:
+            return np.asarray(value).reshape(self.obs_item)
+        except (ValueError, TypeError) as err:
+            raise _shape_error(name, self.obs_item, value, err) from None
+
+    def _timeouts(self, infos: Any) -> list[bool]:
+        if not isinstance(infos, (list, tuple)) or len(infos) != self.n_envs:
+            raise ValueError(
+                f"infos: expected a list of {self.n_envs} dicts (one per env, as SB3's VecEnv "
+                f"gives), got {type(infos).__name__}"
+                + (f" of length {len(infos)}" if isinstance(infos, (list, tuple)) else "")
+            )
+        try:
+            return [info.get("TimeLimit.truncated", False) for info in infos]
+        except AttributeError:
+            raise ValueError(
+                f"infos: expected dicts, got {[type(i).__name__ for i in infos]}"
+            ) from None
+
+    # --- reads --------------------------------------------------------------------------------
+    def gather(self, storage: Storage, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        """``(observations, actions, next_observations, dones, rewards)`` at flat indices."""
+        bufs = storage.buffers  # type: ignore[attr-defined]
+        leaf = self._leaf_of
+        if flat.device != storage.device:
+            flat = flat.to(storage.device)
+        obs_buf = bufs[leaf[OBS]]
+        obs = torch.index_select(obs_buf, 0, flat)
+        if self.next_in_slot:
+            nxt = flat.add(self.n_envs).remainder_(self.capacity)
+            next_obs = torch.index_select(obs_buf, 0, nxt)
+        else:
+            next_obs = torch.index_select(bufs[leaf[NEXT_OBS]], 0, flat)
+        actions = torch.index_select(bufs[leaf[ACTION]], 0, flat)
+        dones = torch.index_select(bufs[leaf[DONE]], 0, flat)
+        if self.timeouts:  # SB3: dones * (1 - timeouts), in float32
+            dones.mul_(torch.index_select(bufs[leaf[TRUNCATED]], 0, flat).neg_().add_(1))
+        rewards = torch.index_select(bufs[leaf[REWARD]], 0, flat)
+        return obs, actions, next_obs, dones.view(-1, 1), rewards.view(-1, 1)
+
+
+def _nest(flat: dict[tuple[str, ...], torch.Tensor]) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in flat.items():
+        node = out
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return out
