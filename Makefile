@@ -49,6 +49,7 @@ bench: venv
 	$(PY) tests/benchmarks/bench_checkpoint.py
 	$(PY) tests/benchmarks/bench_datasets.py
 	$(PY) tests/benchmarks/bench_distributed.py
+	$(PY) tests/benchmarks/bench_online.py
 	$(PY) tests/benchmarks/bench_compat.py
 
 docs: venv

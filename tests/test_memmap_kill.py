@@ -179,3 +179,98 @@ def test_sigkill_during_extend_leaves_whole_batches(tmp_path: Path) -> None:
         f"{time.monotonic() - start:.1f} s"
     )
     assert counts["torn"] == 0, f"torn batches: {counts}, torn slots per trial {torn_slots}"
+
+
+# --- per-step adds --------------------------------------------------------------------------
+ADD_CAPACITY = 512
+ADD_LOG_EVERY = 64
+ADD_TRIALS = 16
+
+ADD_ZYGOTE = r"""
+import os, random, sys, traceback
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from rbdata import ReplayBuffer
+from rbdata.storages import MemmapStorage
+
+CAP, OBS, EVERY = (int(v) for v in sys.argv[1:4])
+torch.set_num_threads(1)
+
+
+def work(root, seed, log):
+    # numpy items, as an agent's step gives them: the per-step (fast) add path
+    rb = ReplayBuffer(MemmapStorage(CAP, path=root / "storage"))
+    obs = np.empty(OBS, dtype=np.float32)
+    k = 0
+    while True:
+        k += 1
+        obs.fill(k)
+        rb.add({"id": np.int64(k), "obs": obs, "next": {"obs": -obs, "done": k % 3 == 0}})
+        if k % EVERY == 0:
+            os.write(log, f"done {k}\n".encode())
+
+
+warm = ReplayBuffer(MemmapStorage(4))
+for k in range(9):
+    warm.add({"id": np.int64(k), "obs": np.zeros(OBS, np.float32),
+              "next": {"obs": np.zeros(OBS, np.float32), "done": False}})
+warm.storage.close()
+"""
+
+
+def check_adds(storage: MemmapStorage, done: int) -> tuple[str, int]:
+    """``ok`` if the ring holds items ``1..K`` for one ``K`` in ``[done, done + EVERY]``."""
+    n = len(storage)
+    candidates = [
+        k for k in range(done, done + ADD_LOG_EVERY + 1) if k % ADD_CAPACITY == storage.next_slot
+    ]
+    if len(candidates) != 1 or n != min(ADD_CAPACITY, candidates[0]):
+        return "torn", ADD_CAPACITY
+    total = candidates[0]
+    items = storage[torch.arange(n)]
+    slots = np.arange(n)
+    # the last item written to each slot: k = slot + 1 + CAP * j, the largest <= total
+    want = slots + 1 + ADD_CAPACITY * ((total - slots - 1) // ADD_CAPACITY)
+    obs = items["obs"].numpy()
+    bad = (
+        (items["id"].numpy() != want)
+        | (obs != want[:, None]).any(axis=1)
+        | (items["next", "obs"].numpy() != -want[:, None]).any(axis=1)
+        | (items["next", "done"].numpy() != (want % 3 == 0))
+    )
+    return ("torn" if bad.any() else "ok"), int(bad.sum())
+
+
+def test_sigkill_during_per_step_adds_leaves_whole_items(tmp_path: Path) -> None:
+    rng = random.Random(20261125)
+    start = time.monotonic()
+    zygote = Zygote(tmp_path, ADD_ZYGOTE, (ADD_CAPACITY, OBS, ADD_LOG_EVERY))
+    counts = {"ok": 0, "torn": 0}
+    try:
+        for trial in range(ADD_TRIALS):
+            root = tmp_path / f"trial-{trial:02d}"
+            root.mkdir()
+            pid = zygote.run(root, seed=trial)
+            # the ring is full by then: most adds overwrite live items through the journal
+            wait_for(root, ADD_LOG_EVERY * rng.randint(9, 14), pid)
+            time.sleep(rng.uniform(0.0, 0.02))
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+            status = zygote.reap(pid)
+            lines = read_log(root)
+            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, lines
+            done = max(int(x.split()[1]) for x in lines if x.startswith("done "))
+            storage = MemmapStorage.open(root / "storage")
+            verdict, _ = check_adds(storage, done)
+            counts[verdict] += 1
+            storage.close()
+    finally:
+        zygote.close()
+    print(
+        f"\nmemmap per-step add SIGKILL trials: {ADD_TRIALS}, whole {counts['ok']}, "
+        f"torn {counts['torn']}, {time.monotonic() - start:.1f} s"
+    )
+    assert counts["torn"] == 0, counts

@@ -280,6 +280,7 @@ class Journal:
     # --- mapping -------------------------------------------------------------------------
     def _map(self, size: int) -> None:
         self._plans: dict[int, Plan] = {}
+        self._one_head: Plan | None = None  # the plan whose one-item head words are in place
         self._mmap = mmap.mmap(self._fd, size)
         self._words = np.frombuffer(self._mmap, dtype=np.uint64)
         self._q = memoryview(self._mmap).cast("q")
@@ -356,6 +357,7 @@ class Journal:
         if plan is None:
             plan = self.plan(rows)
         q = self._q
+        self._one_head = None
         q[2] = kind
         q[3] = nslots // 2 if kind == 0 else nslots
         q[4] = rows
@@ -370,13 +372,22 @@ class Journal:
                 q[i] = v
         return plan
 
-    def begin_one(self, slot: int, length: int, nxt: int) -> Plan | None:
-        """:meth:`begin` for one item at ``slot``, once its plan exists (else ``None``)."""
+    def begin_one(self, slot: int, length: int, nxt: int, own: bool = False) -> Plan | None:
+        """:meth:`begin` for one item at ``slot``, once its plan exists (else ``None``).
+
+        ``own``: no other process writes this journal, so the head words that this one's
+        last one-item transaction stored are still in place and only the varying ones are
+        written.
+        """
         plan = self._plans.get(1)
         if plan is None or not plan.numpy or plan.end + 16 > self._size:
             return None
         q = self._q
-        q[2], q[3], q[4], q[5], q[6], q[7] = 0, 1, 1, length, nxt, plan.end - _HEAD
+        if not own or self._one_head is not plan:  # kind, runs, rows, payload: still there?
+            q[2], q[3], q[4], q[7] = 0, 1, 1, plan.end - _HEAD
+            self._one_head = plan
+        q[5] = length
+        q[6] = nxt
         i = plan.end >> 3
         q[i] = slot
         q[i + 1] = slot + 1

@@ -328,6 +328,17 @@ class Storage(Dataset[Any]):
     def _write_one(self, index: int, payload: list[Any]) -> None:
         """Write one validated item to slot ``index``."""
 
+    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """The per-step path of writers: write one item at ``slot`` (in ``[0, capacity)``).
+
+        Storages with numpy views of their buffers take an item whose leaves already match
+        the layout (see ``rbdata/storages/_unpack.py``): ``check(slot, item)``, if given,
+        runs before anything is written. ``False``: nothing was done, the item goes through
+        :meth:`prepare` and :meth:`commit` (which validate, convert and raise).
+        """
+        del slot, item, check
+        return False
+
     @abstractmethod
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """Return the items at in-range ``idx`` as one batch (and ``extra`` if dict-like)."""

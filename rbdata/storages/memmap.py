@@ -446,9 +446,47 @@ class MemmapStorage(TensorStorage):
         state.add_writes(rows)
         self._last_write = (before, before + rows)
 
-    def _journaled(
-        self, index: int | list[slice] | torch.Tensor, payload: list[Any], length: int, nxt: int
-    ) -> None:
+    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """One item through numpy row writes (journaled over a live slot), if it matches."""
+        unpack = self._unpack
+        if unpack is None or self._closed or self._shared:
+            return False
+        values = unpack(item)
+        if values is None:
+            return False
+        if check is not None:
+            check(slot, item)
+        header = self._header
+        length = header.length
+        top = slot + 1
+        new_length = top if top > length else length
+        nxt = top if top < self.capacity else 0
+        arrays: list[Any] = self._np_buffers  # type: ignore[assignment]  # set with _unpack
+        if slot < length and not self._private:  # an overwrite: through the journal
+            journal = self._ready_journal()
+            plan = journal.begin_one(slot, new_length, nxt, own=True)
+            if plan is None:  # the first one-item transaction: lay its plan out
+                plan = journal.begin(0, [slot, top], 1, new_length, nxt)
+            rows = plan.first
+            for row, value in zip(rows, values, strict=True):
+                row[...] = value
+            journal.commit(plan, 2)
+            for arr, row in zip(arrays, rows, strict=True):
+                arr[slot] = row
+            header.publish(new_length, nxt)
+            journal.clear()
+        else:
+            for arr, value in zip(arrays, values, strict=True):
+                arr[slot] = value
+            header.publish(new_length, nxt)
+        state = self._state
+        before = state.writes
+        state.add_writes(1)
+        self._last_write = (before, before + 1)
+        return True
+
+    def _ready_journal(self) -> Journal:
+        """The journal, created on first use, with any transaction a dead writer left applied."""
         journal = self._journal
         if journal is None:
             layout = self._layout
@@ -459,6 +497,12 @@ class MemmapStorage(TensorStorage):
         if journal.committed:  # left by a writer that died: finish it first
             self._apply(*journal.read())
             journal.clear()
+        return journal
+
+    def _journaled(
+        self, index: int | list[slice] | torch.Tensor, payload: list[Any], length: int, nxt: int
+    ) -> None:
+        journal = self._ready_journal()
         arrays = self._np_buffers
         if type(index) is int and arrays is not None:  # one item (add): the numpy path
             plan1 = journal.begin_one(index, length, nxt)

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
 from rbdata._layout import Layout
+from rbdata.storages._unpack import ItemUnpacker
 from rbdata.storages.base import Storage
 
 __all__ = ["TensorStorage"]
@@ -59,6 +61,7 @@ class TensorStorage(Storage):
         # numpy views of CPU buffers: a one-row write through numpy costs ~half of torch's
         # ``buf[i] = t`` (the per-step ``add`` path of online agents).
         self._np_buffers: list[np.ndarray] | None = None
+        self._unpack: Callable[[Any], list[Any] | None] | None = None  # see _add_fast
         self._plain = False
 
     def config(self) -> dict[str, Any]:
@@ -72,6 +75,8 @@ class TensorStorage(Storage):
             self._np_buffers = [b.numpy() for b in buffers] if self.device.type == "cpu" else None
         except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
             self._np_buffers = None
+        unpacker = ItemUnpacker.for_layout(layout) if self._np_buffers is not None else None
+        self._unpack = None if unpacker is None else unpacker.unpack
 
     @property
     def buffers(self) -> list[torch.Tensor]:
@@ -81,6 +86,7 @@ class TensorStorage(Storage):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_np_buffers"] = None  # numpy views would pickle as copies: rebuild them
+        state["_unpack"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -112,6 +118,24 @@ class TensorStorage(Storage):
         idx = index.to(self.device)
         for buf, t in zip(self._buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
+
+    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """One item through numpy row writes, if its leaves match the layout exactly."""
+        unpack = self._unpack
+        if unpack is None or self._closed:
+            return False
+        values = unpack(item)
+        if values is None:
+            return False
+        if check is not None:
+            check(slot, item)
+        for arr, value in zip(self._np_buffers, values, strict=True):  # type: ignore[arg-type]
+            arr[slot] = value
+        top = slot + 1
+        if top > self._length:
+            self._length = top
+        self._next = top if top < self.capacity else 0
+        return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         arrays = self._np_buffers

@@ -57,6 +57,14 @@ class RoundRobinWriter(Writer):
 
         ``check(slot, item)``, if given, runs after validation and before the write.
         """
+        if not storage.shared:
+            slot = self._cursor
+            if slot is None:
+                slot = self._start(storage)
+            if storage._add_fast(slot, item, check):  # the per-step path (see Storage)
+                nxt = slot + 1
+                self._cursor = nxt if nxt < storage.capacity else 0
+                return slot
         prepared = storage.prepare(item, batched=False)
         if storage.shared:
             with storage.write_lock():
