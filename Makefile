@@ -49,11 +49,12 @@ bench: venv
 	$(PY) tests/benchmarks/bench_checkpoint.py
 	$(PY) tests/benchmarks/bench_datasets.py
 	$(PY) tests/benchmarks/bench_distributed.py
+	$(PY) tests/benchmarks/bench_nodes.py
 	$(PY) tests/benchmarks/bench_online.py
 	$(PY) tests/benchmarks/bench_compat.py
 
 docs: venv
-	$(PY) -m sphinx -W -b html docs docs/_build/html
+	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html
 
 clean:
 	rm -rf $(VENV) docs/_build .mypy_cache .ruff_cache .pytest_cache

@@ -2,7 +2,8 @@
 
 ``rbdata demo`` downloads, converts and trains on a D4RL-layout sample; ``rbdata datasets
 list|download|info|path|remove`` manages the offline dataset cache (the logic is in
-:mod:`rbdata.datasets._commands`).
+:mod:`rbdata.datasets._commands`); ``rbdata inspect PATH`` summarises a storage directory or
+checkpoint on disk without reading its data (the logic is in :mod:`!rbdata._inspect`).
 """
 
 from __future__ import annotations
@@ -44,6 +45,9 @@ def build_parser() -> argparse.ArgumentParser:
         >>> args = build_parser().parse_args(["datasets", "info", "d4rl/hopper-medium-v2"])
         >>> args.command, args.action, args.id, args.backend
         ('datasets', 'info', 'd4rl/hopper-medium-v2', None)
+        >>> args = build_parser().parse_args(["inspect", "/data/buffer", "--json"])
+        >>> args.command, args.path, args.json
+        ('inspect', '/data/buffer', True)
     """
     parser = argparse.ArgumentParser(
         prog="rbdata",
@@ -76,6 +80,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--steps", type=_positive_int, default=400, help="gradient steps (default: 400)"
     )
     _add_datasets_parser(commands)
+    _add_inspect_parser(commands)
     return parser
 
 
@@ -83,7 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     """Run the ``rbdata`` command with ``argv`` (default: ``sys.argv[1:]``); return the exit code.
 
     Bad arguments exit with status 2 and a usage message, as ``argparse`` does; a failed
-    ``datasets`` command prints one line ``rbdata: error: ...`` to stderr and returns 1.
+    ``datasets`` or ``inspect`` command prints one line ``rbdata: error: ...`` to stderr and
+    returns 1.
     """
     args = build_parser().parse_args(argv)
     if args.command == "demo":
@@ -93,7 +99,51 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.command == "datasets":
         return _run_datasets(args)
+    if args.command == "inspect":
+        return _run_inspect(args)
     raise AssertionError(f"unhandled command {args.command!r}")  # argparse rejects others
+
+
+# --- rbdata inspect PATH -----------------------------------------------------------------------
+def _add_inspect_parser(commands: Any) -> None:
+    inspect = commands.add_parser(
+        "inspect",
+        help="show what a storage directory or checkpoint on disk holds, without loading it",
+        description=(
+            "Summarise a MemmapStorage or ArrowStorage directory, a checkpoint written by "
+            "ReplayBuffer.dumps, or a converted D4RL/Minari cache entry: capacity, length, next "
+            "slot, keys with shapes and dtypes, size on disk, and for a checkpoint the sampler's "
+            "and writer's class, config and state. Only metadata is read (never the data "
+            "files); nothing is written and no symlink is followed. Exit 1 with one line on "
+            "stderr if PATH is none of these or its metadata is corrupt."
+        ),
+    )
+    inspect.add_argument("path", metavar="PATH", help="the directory to inspect")
+    inspect.add_argument(
+        "--json", action="store_true", help="print the summary as one JSON object (for scripts)"
+    )
+
+
+def _run_inspect(args: argparse.Namespace) -> int:
+    import json
+
+    from rbdata._inspect import format_summary, inspect_path
+
+    try:
+        summary = inspect_path(args.path)
+        if args.json:
+            print(json.dumps(summary.to_json(), indent=1))
+        else:
+            print(format_summary(summary))
+    except BrokenPipeError:  # `rbdata inspect PATH | head`: the reader left, stop quietly
+        with contextlib.suppress(OSError, ValueError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 1
+    except (ValueError, OSError) as err:  # CheckpointError is a ValueError
+        text = str(err) or type(err).__name__
+        print(f"rbdata: error: {' '.join(text.split())}", file=sys.stderr)
+        return 1
+    return 0
 
 
 # --- rbdata datasets ... ----------------------------------------------------------------------

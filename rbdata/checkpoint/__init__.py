@@ -69,7 +69,7 @@ _REGISTRY: dict[str, type] = {}
 
 T = TypeVar("T", bound=type)
 
-#: a rebuilt buffer: storage, sampler, writer and batch size
+#: a rebuilt buffer (storage, sampler, writer and batch size)
 Components = tuple[Storage, Sampler, Writer, "int | None"]
 
 
@@ -182,7 +182,7 @@ def dump(
     """Write a checkpoint of the components to directory ``path``, atomically.
 
     Every file's CRC-32 is recorded in ``checkpoint.json``, computed while the file is
-    written (see :mod:`rbdata.checkpoint._checksum`); ``load(..., verify=True)`` checks them.
+    written (see :mod:`!rbdata.checkpoint._checksum`); ``load(..., verify=True)`` checks them.
     Returns the live subdirectory. See :meth:`rbdata.ReplayBuffer.dumps`.
     """
     root = Path(path)

@@ -122,7 +122,7 @@ class OfflineDataset(Dataset[Any]):
 
     @property
     def info(self) -> dict[str, Any]:
-        """Everything ``dataset.json`` records: id, backend, counts, source URL, sha256..."""
+        """Everything ``dataset.json`` records (id, backend, counts, source URL, sha256...)."""
         return dict(self._info)
 
     @property

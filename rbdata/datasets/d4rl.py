@@ -263,8 +263,8 @@ class D4RL(OfflineDataset):
             ``http://rail.eecs.berkeley.edu/datasets/offline_rl/`` prefix instead.
         sha256: the expected digest of the file, replacing the catalog's sha256 and size
             (a mirror may serve a re-packed file).
-        sampler: sampler of :meth:`sample` and iteration (default uniform).
-        batch_size: default batch size of :meth:`sample` and iteration.
+        sampler: sampler of :meth:`~OfflineDataset.sample` and iteration (default uniform).
+        batch_size: default batch size of :meth:`~OfflineDataset.sample` and iteration.
         transform: applied to sampled batches.
         progress: show progress bars for the download and the conversion.
 

@@ -353,8 +353,8 @@ class Minari(OfflineDataset):
         root: the cache root.
         download: let Minari download the dataset if it is not local (else raise).
         backend: ``"memmap"`` or ``"arrow"`` storage.
-        sampler: sampler of :meth:`sample` and iteration (default uniform).
-        batch_size: default batch size of :meth:`sample` and iteration.
+        sampler: sampler of :meth:`~OfflineDataset.sample` and iteration (default uniform).
+        batch_size: default batch size of :meth:`~OfflineDataset.sample` and iteration.
         transform: applied to sampled batches.
         progress: show a progress bar for the conversion.
 

@@ -308,7 +308,7 @@ class BatchSampler(TorchSampler[list[int]]):
 
     Epoch samplers (:class:`~rbdata.samplers.SamplerWithoutReplacement`) give one epoch per
     iteration; the others go on for ``num_batches`` batches (forever if ``None``). Each batch is
-    an :class:`IndexBatch`, so ``DataLoader(storage, batch_sampler=...)`` batches carry
+    an :class:`!IndexBatch`, so ``DataLoader(storage, batch_sampler=...)`` batches carry
     ``"index"`` and the sampler's extras (e.g. ``"weight"``).
 
     Args:

@@ -217,15 +217,15 @@ class ArrowStorage(Storage):
 
     What comes back, per Arrow column type:
 
-    ======================================  ============================  ===================
-    stored (first write gives)              Arrow type                    batch of ``B``
-    ======================================  ============================  ===================
-    tensor ``[B, *shape]``, numeric/bool    primitive, or                 tensor ``[B, *shape]``
-                                            ``fixed_size_list`` (flat;
-                                            bool as uint8)
-    list of ``B`` tensors ``[L_i, *shape]``  ``list<...>``                 jagged nested tensor
-    list of ``B`` ``str``                   ``string``                    ``NonTensorStack``
-    ======================================  ============================  ===================
+    ========================================  ============================  ======================
+    stored (first write gives)                Arrow type                    batch of ``B``
+    ========================================  ============================  ======================
+    tensor ``[B, *shape]``, numeric/bool      primitive, or                 tensor ``[B, *shape]``
+                                              ``fixed_size_list`` (flat;
+                                              bool as uint8)
+    list of ``B`` tensors ``[L_i, *shape]``   ``list<...>``                 jagged nested tensor
+    list of ``B`` ``str``                     ``string``                    ``NonTensorStack``
+    ========================================  ============================  ======================
 
     A single item gives a tensor, a tensor ``[L, *shape]`` and a ``str`` respectively.
 

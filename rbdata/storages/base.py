@@ -118,7 +118,7 @@ class Storage(Dataset[Any]):
 
     @property
     def next_slot(self) -> int:
-        """The slot after the last write: where a ring writer resumes (0 before any write)."""
+        """The slot after the last write, where a ring writer resumes (0 before any write)."""
         return self._next
 
     # --- sharing between processes (MemmapStorage; see docs/distributed.md) ---------------
@@ -137,7 +137,7 @@ class Storage(Dataset[Any]):
 
     @property
     def write_count(self) -> int | None:
-        """Items committed so far by every process (``None``: the storage does not count)."""
+        """Items committed so far by every process (``None`` if the storage does not count)."""
         return None
 
     @property
@@ -220,12 +220,12 @@ class Storage(Dataset[Any]):
         """Validate ``data`` against the layout (inferring it on the first write).
 
         Everything that can fail happens here, so that :meth:`commit` cannot fail half-way:
-        the payload is detached from autograd, dense, on :meth:`_payload_device`, and holds
+        the payload is detached from autograd, dense, on :meth:`!_payload_device`, and holds
         values the layout's dtypes keep (narrowing casts are checked value by value; the
         write casts while it copies, which cannot fail then).
 
         Raises:
-            ValueError: bad keys, shapes or values (see :meth:`Layout.split`), or an empty
+            ValueError: bad keys, shapes or values (see :meth:`!Layout.split`), or an empty
                 list of items.
             TypeError: data of the wrong kind or dtype.
         """

@@ -389,7 +389,7 @@ class MemmapStorage(TensorStorage):
 
     @property
     def next_slot(self) -> int:
-        """The slot after the last write, kept in the header: a ring writer resumes there."""
+        """The slot after the last write, kept in the header; a ring writer resumes there."""
         self._check_open()
         return self._header.next
 

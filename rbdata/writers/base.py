@@ -23,7 +23,7 @@ class Writer(ABC):
 
     Writers validate through the storage's two-phase write (``prepare`` then ``commit``), so
     bad input never reaches the data or moves the cursor. Between the two phases, once the
-    slots are chosen, they call ``check(slots, data)`` if given (a :data:`WriteCheck`): a
+    slots are chosen, they call ``check(slots, data)`` if given (a :data:`!WriteCheck`): a
     :class:`~rbdata.ReplayBuffer` passes its sampler's ``check_write`` there, so a write the
     sampler would refuse leaves the storage, the writer and the sampler as they were.
     """

@@ -1,0 +1,432 @@
+"""``rbdata inspect PATH``: what a storage directory or checkpoint on disk holds, data unread.
+
+:func:`inspect_path` recognises a :class:`~rbdata.storages.MemmapStorage` directory
+(``layout.json``), an :class:`~rbdata.storages.ArrowStorage` directory (``_rbdata.json``), a
+checkpoint written by :meth:`rbdata.ReplayBuffer.dumps` (``CURRENT``, or its live ``ckpt-*``
+subdirectory) and a converted D4RL/Minari cache entry (``dataset.json``), and returns a
+:class:`Summary`. Only metadata is read, through the readers that ``open``/``loads`` use (so
+it is validated the same way): the JSON files, the 64-byte memmap header, the tensor table of
+a checkpoint and, for a prioritized sampler, the roots of its trees (a few bytes). Data files
+are never opened or mapped, only their sizes taken; no symlink is followed; nothing is
+written. :func:`format_summary` renders the text report.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import stat
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rbdata._layout import STRING, TENSOR, Layout
+from rbdata.checkpoint import _FORMAT, _META, _TENSORS, FORMAT_VERSION, component_class
+from rbdata.checkpoint._atomic import CURRENT, live_dir
+from rbdata.checkpoint._codec import MARK, check_table
+from rbdata.checkpoint._storage_checks import check_storage
+from rbdata.checkpoint._validate import check_int, read_checkpoint_meta
+from rbdata.errors import CheckpointError
+from rbdata.samplers._sumtree import ROOT
+from rbdata.samplers.prioritized import PrioritizedSampler
+from rbdata.storages import arrow
+from rbdata.storages._arrow_checks import check_meta as check_arrow_meta
+from rbdata.storages._arrow_checks import parse_meta
+from rbdata.storages._files import inside, open_nofollow
+from rbdata.storages._journal import Header
+from rbdata.storages._memmap_files import (
+    HEADER_FILE,
+    JOURNAL_FILE,
+    LAYOUT_FILE,
+    bad_field,
+    check_meta,
+    read_layout,
+)
+from rbdata.storages.list import ListStorage
+
+__all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
+
+_DATASET_FILE = "dataset.json"  # rbdata.datasets._cache.DATASET_FILE (imported lazily)
+_MAX_LIST = 16  # longer lists of a component's state are shown by their length
+_REPLAY = "replayed by the next open; the counts above are before it"
+
+
+@dataclass(frozen=True)
+class KeyInfo:
+    """One stored key: its path, per-item shape, dtype and kind (tensor, ragged, string)."""
+
+    key: tuple[str, ...]
+    shape: tuple[int, ...]
+    dtype: str
+    kind: str = TENSOR
+
+
+@dataclass(frozen=True)
+class StorageInfo:
+    """Counts and layout of a storage: ``format`` is ``"memmap"``, ``"arrow"`` or ``"list"``."""
+
+    format: str
+    capacity: int
+    length: int
+    next_slot: int
+    keys: tuple[KeyInfo, ...]
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class Summary:
+    """What :func:`inspect_path` found at ``path``.
+
+    ``kind`` is ``"memmap"``, ``"arrow"``, ``"checkpoint"`` or ``"dataset"``;
+    ``checkpoint`` (batch size, sampler and writer: class, config, state) and ``dataset``
+    (family, id, backend, counts) are set for those kinds. ``problems`` lists what ``open``
+    or ``loads`` would refuse although the metadata is readable (a truncated data file...).
+    """
+
+    path: str
+    kind: str
+    storage_class: str
+    storage: StorageInfo
+    size_bytes: int
+    allocated_bytes: int
+    checkpoint: dict[str, Any] | None = None
+    dataset: dict[str, Any] | None = None
+    problems: tuple[str, ...] = ()
+
+    def to_json(self) -> dict[str, Any]:
+        """The summary as JSON-able values (what ``rbdata inspect --json`` prints)."""
+        return asdict(self)
+
+
+def inspect_path(path: str | os.PathLike[str]) -> Summary:
+    """Summarise the storage directory, checkpoint or dataset entry at ``path``, data unread.
+
+    Raises:
+        FileNotFoundError: nothing at ``path``.
+        ValueError: ``path`` is a symlink, a file, or a directory that is none of these, or
+            its metadata is corrupt (:class:`~rbdata.errors.CheckpointError` for a
+            checkpoint); the message names the file and the field.
+        OSError: a metadata file cannot be read (permissions...).
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from rbdata import MemmapStorage
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     storage = MemmapStorage(10, path=tmp + "/st")
+        ...     storage.set(slice(0, 3), torch.zeros(3, 2))
+        ...     storage.close()
+        ...     s = inspect_path(tmp + "/st")
+        >>> s.kind, s.storage.capacity, s.storage.length, s.storage.keys[0].shape
+        ('memmap', 10, 3, (2,))
+    """
+    root = Path(path)
+    if root.is_symlink():
+        raise ValueError(f"{str(root)!r}: a symlink; rbdata inspect does not follow symlinks")
+    if not root.exists():
+        raise FileNotFoundError(f"{str(root)!r}: no such file or directory")
+    if not root.is_dir():
+        raise ValueError(f"{str(root)!r} is a file, not a storage directory or checkpoint")
+    names = {entry.name for entry in os.scandir(root)}
+    if CURRENT in names or _META in names:
+        kind = "checkpoint"
+        info, storage_class, extra, problems = _checkpoint(root, CURRENT in names)
+    elif _DATASET_FILE in names:
+        kind = "dataset"
+        info, storage_class, extra, problems = _dataset(root)
+    elif LAYOUT_FILE in names or arrow._META_FILE in names:
+        kind = "memmap" if LAYOUT_FILE in names else "arrow"
+        info, problems = (_memmap_dir if kind == "memmap" else _arrow_dir)(root)
+        storage_class, extra = ("MemmapStorage" if kind == "memmap" else "ArrowStorage"), None
+    else:
+        what = "an empty directory" if not names else "a directory"
+        raise ValueError(
+            f"{str(root)!r} is {what}, not a storage directory or checkpoint (no {CURRENT}, "
+            f"{_META}, {_DATASET_FILE}, {LAYOUT_FILE} or {arrow._META_FILE})"
+        )
+    where = (extra if kind == "checkpoint" else None, extra if kind == "dataset" else None)
+    path = os.path.abspath(root)
+    return Summary(path, kind, storage_class, info, *_tree_size(root), *where, tuple(problems))
+
+
+# --- storage directories ---------------------------------------------------------------------
+def _keys(layout: Layout | None) -> tuple[KeyInfo, ...]:
+    if layout is None:
+        return ()
+    return tuple(
+        KeyInfo(leaf.key, leaf.shape, str(leaf.dtype).removeprefix("torch."), leaf.kind)
+        for leaf in layout.leaves
+    )
+
+
+def _regular_size(path: Path) -> int | None:
+    """The size of ``path`` if it is a regular file (not a symlink), else ``None``."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_size if stat.S_ISREG(st.st_mode) else None
+
+
+def _memmap_dir(root: Path) -> tuple[StorageInfo, list[str]]:
+    """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
+    capacity, layout, files = check_meta(root, read_layout(root))
+    header = Header(inside(root, HEADER_FILE), create=False, private=True)
+    length, nxt = header.first
+    header.close()
+    file = root / HEADER_FILE
+    if not 0 <= length <= capacity or (layout is None and length):
+        raise bad_field(file, "length", length, f"in [0, {capacity}] with a layout")
+    if not 0 <= nxt < capacity or nxt > length:
+        raise bad_field(file, "next", nxt, f"in [0, {capacity}) and at most the length")
+    problems = []
+    for leaf, path in zip(layout.leaves if layout else (), files, strict=True):
+        expected, size = capacity * leaf.numel * leaf.dtype.itemsize, _regular_size(path)
+        if size != expected:
+            got = "missing or not a regular file" if size is None else f"{size} bytes"
+            problems.append(f"{path.name}: {got}, expected {expected} for key {leaf.name}")
+    details: dict[str, Any] = {}
+    journal = inside(root, JOURNAL_FILE)
+    if _regular_size(journal):
+        with open_nofollow(journal, "rb") as f:  # the head's commit word: 0 means empty
+            committed = int.from_bytes(f.read(16)[8:], "little") != 0
+        if committed:
+            details["journal"] = f"a committed write not yet in the files ({_REPLAY})"
+    return StorageInfo("memmap", capacity, length, nxt, _keys(layout), details), problems
+
+
+def _arrow_dir(root: Path) -> tuple[StorageInfo, list[str]]:
+    """``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk files by size."""
+    file = inside(root, arrow._META_FILE, "metadata file")
+    if not file.is_file():
+        raise FileNotFoundError(f"{str(root)!r} is not an ArrowStorage: no {arrow._META_FILE}")
+    with open_nofollow(file, "rb") as f:
+        if os.fstat(f.fileno()).st_size > arrow._MAX_META_BYTES:
+            raise ValueError(f"{file}: too large for a metadata file")
+        meta = check_arrow_meta(parse_meta(f.read(), file), file, arrow._FORMAT, arrow._VERSION)
+    length, chunk = meta["length"], meta["chunk_size"]
+    problems = [
+        f"{arrow._chunk_file(k)}: missing; the metadata says {min(chunk, length - k * chunk)} rows"
+        for k in range(-(-length // chunk))
+        if _regular_size(inside(root, arrow._chunk_file(k), "chunk file")) is None
+    ]
+    details: dict[str, Any] = {"chunk_size": chunk}
+    journal = _regular_size(inside(root, "_journal.bin"))
+    if journal:
+        details["journal"] = f"{journal} bytes of writes since the last flush ({_REPLAY})"
+    keys = _keys(meta["layout"])
+    return StorageInfo("arrow", meta["capacity"], length, meta["next"], keys, details), problems
+
+
+def _tree_size(root: Path) -> tuple[int, int]:
+    """Apparent and allocated bytes of the regular files below ``root`` (no symlink)."""
+    size = allocated = 0
+    for dirpath, _, files in os.walk(root):  # os.walk does not descend into symlinks
+        for name in files:
+            st = os.lstat(os.path.join(dirpath, name))
+            if stat.S_ISREG(st.st_mode):
+                size += st.st_size
+                allocated += getattr(st, "st_blocks", 0) * 512
+    return size, allocated
+
+
+# --- checkpoints -----------------------------------------------------------------------------
+def _checkpoint(root: Path, pointer: bool) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
+    live = live_dir(root) if pointer else root
+    file = live / _META
+    meta = read_checkpoint_meta(file, _FORMAT, FORMAT_VERSION)
+    try:
+        table = check_table(live / _TENSORS, meta["tensors"])
+    except CheckpointError as err:
+        table, problems = [], [str(err)]
+    else:
+        problems = []
+    entry = meta["storage"]
+    storage_class = entry["class"]
+    cls = component_class(storage_class, "storage")
+    check_storage(cls, entry["config"], entry["state"], live)  # what loads checks first
+    if issubclass(cls, ListStorage):
+        info = _list_state(entry["config"], entry["state"], file)
+    else:
+        fmt = "arrow" if issubclass(cls, arrow.ArrowStorage) else "memmap"  # tensors: memmap dir
+        try:
+            info, more = (_memmap_dir if fmt == "memmap" else _arrow_dir)(live / "storage")
+        except ValueError as err:
+            raise CheckpointError(str(err)) from None
+        problems += more
+    extra: dict[str, Any] = {
+        "live": live.name,
+        "batch_size": meta["batch_size"],
+        "checksums": isinstance(meta.get("checksums"), dict),
+    }
+    for kind in ("sampler", "writer"):
+        extra[kind] = _component(meta[kind], kind, live, table)
+    return info, storage_class, extra, problems
+
+
+def _list_state(config: dict[str, Any], state: Any, file: Path) -> StorageInfo:
+    capacity = check_int(config.get("max_size"), file, "storage.config.max_size", 1)
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{file}: field 'storage.state' must be an object")
+    length = check_int(state.get("length"), file, "storage.state.length", 0, capacity)
+    nxt = check_int(state.get("next"), file, "storage.state.next", 0, capacity - 1)
+    layout = None
+    if "layout" in state:
+        try:
+            layout = Layout.from_json(state["layout"])
+        except (KeyError, TypeError, ValueError, AttributeError) as err:
+            raise CheckpointError(f"{file}: field 'storage.state.layout': {err}") from None
+    return StorageInfo("list", capacity, length, nxt, _keys(layout))
+
+
+def _component(entry: dict[str, Any], kind: str, live: Path, table: list[Any]) -> dict[str, Any]:
+    """Class, config and state of a sampler or writer; tensors shown by dtype and shape."""
+    name = entry["class"]
+    out: dict[str, Any] = {"class": name}
+    try:
+        cls: type | None = component_class(name, kind)
+    except CheckpointError:
+        cls, out["registered"] = None, False  # a custom class of another program
+    out["config"] = _plain(entry["config"], table)
+    state = entry["state"]
+    out["state"] = _plain(state, table)
+    shown = out["state"]
+    if cls is not None and issubclass(cls, PrioritizedSampler) and isinstance(shown, dict):
+        for key, tree in (("total_priority", "sum_tree"), ("min_priority", "min_tree")):
+            shown[key] = _tree_root(live / _TENSORS, table, state.get(tree))
+    return out
+
+
+def _plain(value: Any, table: list[Any]) -> Any:
+    """An encoded config/state value for display: tensors as ``<tensor dtype [shape]>``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, list):
+        if len(value) > _MAX_LIST:
+            return f"<list of {len(value)}>"
+        return [_plain(v, table) for v in value]
+    if not isinstance(value, dict):
+        return value
+    mark = value.get(MARK)
+    if mark is None:
+        return {str(k): _plain(v, table) for k, v in value.items()}
+    if mark == "tensor":
+        i = value.get("i")
+        if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(table):
+            dtype, shape = table[i][0], table[i][1]
+            return f"<tensor {str(dtype).removeprefix('torch.')} {list(shape)}>"
+        return "<tensor>"
+    if mark in ("dtype", "device"):
+        return str(value.get("name"))
+    if mark == "tuple":
+        return _plain(value.get("items"), table)
+    return f"<{mark}>"
+
+
+def _tree_root(file: Path, table: list[Any], ref: Any) -> float | None:
+    """Element :data:`ROOT` of a saved priority tree (one ``pread``), if it is one."""
+    i = ref.get("i") if isinstance(ref, dict) and ref.get(MARK) == "tensor" else None
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(table):
+        return None
+    dtype, shape, offset, _ = table[i]
+    if not dtype.is_floating_point or len(shape) != 1 or shape[0] <= ROOT:
+        return None
+    with open_nofollow(file, "rb") as f:
+        raw = os.pread(f.fileno(), dtype.itemsize, offset + ROOT * dtype.itemsize)
+    value = float(torch.frombuffer(bytearray(raw), dtype=dtype)[0])
+    return value if math.isfinite(value) else None
+
+
+# --- offline dataset cache entries -------------------------------------------------------------
+def _dataset(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
+    from rbdata.datasets._cache import STORAGE_DIR, read_entry
+
+    meta = read_entry(root)
+    file = root / _DATASET_FILE
+    backend = meta.get("backend")
+    if backend not in ("memmap", "arrow"):
+        raise bad_field(file, "backend", backend, "'memmap' or 'arrow'")
+    storage = inside(root, STORAGE_DIR, "storage directory")
+    if not storage.is_dir():
+        raise FileNotFoundError(f"{str(root)!r}: a dataset entry without its {STORAGE_DIR}/")
+    info, problems = (_memmap_dir if backend == "memmap" else _arrow_dir)(storage)
+    extra = {k: meta.get(k) for k in ("family", "id", "backend", "transitions", "episodes")}
+    if extra["transitions"] != info.length:
+        problems.append(
+            f"{_DATASET_FILE} says {extra['transitions']!r} transitions, the storage holds "
+            f"{info.length}"
+        )
+    storage_class = "MemmapStorage" if backend == "memmap" else "ArrowStorage"
+    return info, storage_class, extra, problems
+
+
+# --- text report ---------------------------------------------------------------------------
+_TITLES = {
+    "memmap": "MemmapStorage directory",
+    "arrow": "ArrowStorage directory",
+    "checkpoint": "ReplayBuffer checkpoint",
+    "dataset": "offline dataset cache entry",
+}
+
+
+def _key_row(k: KeyInfo) -> tuple[str, str, str]:
+    name = ".".join(k.key) or "(tensor)"
+    dims = ", ".join(map(str, k.shape))
+    shape = f"[*{', ' + dims if dims else ''}]" if k.kind != TENSOR else f"[{dims}]"
+    return name, "-" if k.kind == STRING else shape, "str" if k.kind == STRING else k.dtype
+
+
+def format_summary(summary: Summary) -> str:
+    """The text report of ``rbdata inspect``: one ``name: value`` line per field, then keys.
+
+    Examples:
+        >>> info = StorageInfo("memmap", 8, 3, 3, (KeyInfo(("obs",), (2,), "float32"),))
+        >>> print(format_summary(Summary("/d", "memmap", "MemmapStorage", info, 64, 64)))
+        path:         /d
+        kind:         MemmapStorage directory
+        capacity:     8
+        length:       3
+        next slot:    3
+        size on disk: 64 B (apparent 64 B)
+        keys (1):
+          KEY  SHAPE  DTYPE
+          obs  [2]    float32
+    """
+    from rbdata.datasets._commands import human_size
+
+    s, st = summary, summary.storage
+    kind = _TITLES[s.kind]
+    if s.kind == "checkpoint" and s.checkpoint is not None:
+        kind += f" (live: {s.checkpoint['live']})"
+    lines = [f"path:         {s.path}", f"kind:         {kind}"]
+    if s.kind in ("checkpoint", "dataset"):
+        lines.append(f"storage:      {s.storage_class} ({st.format})")
+    for key, value in (s.dataset or {}).items():
+        lines.append(f"{key + ':':<13} {value if value is not None else '-'}")
+    lines += [f"capacity:     {st.capacity:,}", f"length:       {st.length:,}"]
+    lines.append(f"next slot:    {st.next_slot:,}")
+    for key, value in st.details.items():
+        lines.append(f"{key.replace('_', ' ') + ':':<13} {value}")
+    used, apparent = human_size(s.allocated_bytes), human_size(s.size_bytes)
+    lines.append(f"size on disk: {used} (apparent {apparent})")
+    lines.append(f"keys ({len(st.keys)}):")
+    rows = [("KEY", "SHAPE", "DTYPE"), *map(_key_row, st.keys)]
+    widths = [max(len(r[i]) for r in rows) for i in range(2)]
+    if st.keys:
+        lines += [f"  {a:<{widths[0]}}  {b:<{widths[1]}}  {c}" for a, b, c in rows]
+    if s.checkpoint is not None:
+        lines.append(f"batch size:   {s.checkpoint['batch_size']}")
+        for kind in ("sampler", "writer"):
+            part = s.checkpoint[kind]
+            note = "" if part.get("registered", True) else " (not registered here)"
+            lines.append(f"{kind + ':':<13} {part['class']}{note}")
+            for section in ("config", "state"):
+                values = part[section]
+                if isinstance(values, dict) and values:
+                    lines.append(f"  {section}:")
+                    lines += [f"    {name}: {value}" for name, value in values.items()]
+                elif values not in ({}, None):
+                    lines.append(f"  {section}: {values}")
+    lines += [f"problem:      {p}" for p in s.problems]
+    return "\n".join(lines)
