@@ -280,3 +280,109 @@ def test_float_bounds_follow_the_general_path() -> None:
     assert not storage._add_fast(1, {"r": 1e300})
     storage.set(1, {"r": 1e300})
     assert math.isinf(storage.buffers[0][1].item())
+
+
+# --- small batches (Storage._extend_fast) ---------------------------------------------------
+BATCH_KINDS = ["np-exact"] * 4 + ["torch-exact"] * 2 + ["np-f64", "np-one-item", "np-wrong-shape"]
+
+
+def batch_leaf(kind: str, n: int, value: int, shape: tuple[int, ...], dtype: torch.dtype) -> Any:
+    """A batch leaf of ``n`` items of one kind (mostly kinds the fast path takes)."""
+    np_dtype = torch.empty(0, dtype=dtype).numpy().dtype
+    if kind == "np-exact":
+        return np.full((n, *shape), value).astype(np_dtype)
+    if kind == "torch-exact":
+        return torch.full((n, *shape), value).to(dtype)
+    if kind == "np-f64":
+        return np.full((n, *shape), value, dtype=np.float64)
+    if kind == "np-one-item":  # no batch dimension
+        return np.full(shape, value).astype(np_dtype)
+    return np.full((n, *shape, 2), value).astype(np_dtype)  # "np-wrong-shape"
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+)
+@given(
+    kinds=st.one_of(  # half: only kinds the fast path takes; half: any kind
+        st.lists(st.sampled_from(BATCH_KINDS[:6]), min_size=len(LEAVES), max_size=len(LEAVES)),
+        st.lists(st.sampled_from(BATCH_KINDS), min_size=len(LEAVES), max_size=len(LEAVES)),
+    ),
+    value=st.integers(0, 100),
+    n=st.integers(0, CAP + 1),
+    start=st.integers(0, CAP - 1),
+    full=st.booleans(),
+    mismatch=st.sampled_from([False, False, False, True]),
+    as_td=st.booleans(),
+)
+def test_extend_fast_stores_what_the_general_path_stores(
+    tmp_path_factory: pytest.TempPathFactory,
+    kinds: list[str],
+    value: int,
+    n: int,
+    start: int,
+    full: bool,
+    mismatch: bool,
+    as_td: bool,
+) -> None:
+    tmp = tmp_path_factory.mktemp("fastx")
+    flat = {
+        key: batch_leaf(kind, n + 1 if mismatch and i == 3 else n, value, shape, dtype)
+        for i, (kind, (key, shape, dtype)) in enumerate(zip(kinds, LEAVES, strict=True))
+    }
+    batch: Any = nest(flat)
+    if as_td:
+        try:
+            batch = TensorDict(batch, [n])
+        except (RuntimeError, ValueError, TypeError):
+            return  # not a TensorDict of batch size n: nothing to compare
+    for _, make in storages(tmp):
+        fast, ref = ReplayBuffer(make(0)), ReplayBuffer(make(1))
+        for rb in (fast, ref):  # cursor at start; the ring full (overwrites) or not
+            for _ in range(start + (CAP if full else 0)):
+                rb.add(first_item())
+        ref.storage._unpacker = None  # the general path, same writer and storage class
+        before = snapshot(fast.storage)
+        got_index: list[Any] = []
+        got = outcome(lambda fast=fast, out=got_index: out.append(fast.extend(batch)))
+        want_index: list[Any] = []
+        want = outcome(lambda ref=ref, out=want_index: out.append(ref.extend(batch)))
+        assert got == want, (got, want)
+        assert same(snapshot(fast.storage), snapshot(ref.storage))
+        assert fast.writer.cursor == ref.writer.cursor
+        if want is None:
+            assert torch.equal(got_index[0], want_index[0])
+        else:
+            assert same(snapshot(fast.storage), before)
+        for rb in (fast, ref):
+            if isinstance(rb.storage, MemmapStorage):
+                rb.storage.close()
+
+
+def test_small_batches_take_the_fast_path_and_wrap_like_the_general_path(
+    tmp_path: Path,
+) -> None:
+    for _, make in storages(tmp_path):
+        rb, ref = ReplayBuffer(make(0)), ReplayBuffer(make(1))
+        for r in (rb, ref):
+            r.add(cartpole_item(0))
+        ref.storage._unpacker = None
+        taken = 0
+        for k in range(1, 12):
+            n = 1 + k % 4
+            batch = {
+                "observation": np.full((n, 4), k, np.float32),
+                "action": np.full(n, k % 2, np.int64),
+                "next": {
+                    "reward": np.ones(n, np.float32),
+                    "done": np.arange(n) % 2 == 0,
+                    "observation": np.full((n, 4), -k, np.float32),
+                },
+            }
+            taken += rb.storage._unpacker.unpack_batch(batch) is not None
+            assert torch.equal(rb.extend(batch), ref.extend(batch))
+            assert same(snapshot(rb.storage), snapshot(ref.storage))
+        assert taken == 11
+        for r in (rb, ref):
+            if isinstance(r.storage, MemmapStorage):
+                r.storage.close()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -186,3 +187,59 @@ def test_kernel_draw_matches_the_reference(
     assert (fast[1] is None) == (ref[1] is None)
     if ref[1] is not None:
         assert torch.equal(fast[1], ref[1])  # type: ignore[arg-type]
+
+
+def _index_state(sampler: SliceSampler) -> tuple[object, ...]:
+    return (sampler._base, sampler._time, sampler._ends.tolist(), sampler._last_traj)
+
+
+@pytest.mark.parametrize("traj", [False, True])
+@pytest.mark.parametrize("form", ["python", "numpy", "tensor", "tensordict"])
+def test_per_step_adds_index_episodes_like_one_extend(traj: bool, form: str) -> None:
+    # the per-step path reads one flag directly; the reference indexes the same steps in
+    # one extend (the general path), over a wrap-around of the ring
+    cap, steps = 16, 40
+    done = [t % 7 == 6 or t % 11 == 10 for t in range(steps)]
+    episode = [sum(done[:t]) for t in range(steps)]  # id of each step's episode
+    kwargs = {"traj_key": "episode"} if traj else {}
+
+    def step(t: int) -> object:
+        flag: object = episode[t] if traj else done[t]
+        if form == "numpy":
+            flag = np.int64(flag) if traj else np.bool_(flag)
+        elif form in ("tensor", "tensordict"):
+            flag = torch.tensor(flag)
+        item = {"obs": np.full(2, t, np.float32), "next": {"done": done[t]}}
+        if traj:
+            item["episode"] = flag
+        else:
+            item["next"]["done"] = flag
+        if form == "tensordict":
+            return TensorDict(
+                {k: torch.as_tensor(v) if not isinstance(v, dict) else v for k, v in item.items()},
+                [],
+            )
+        return item
+
+    rb = ReplayBuffer(TensorStorage(cap), sampler=SliceSampler(slice_len=2, **kwargs))
+    for t in range(steps):
+        rb.add(step(t))
+    ref = ReplayBuffer(TensorStorage(cap), sampler=SliceSampler(slice_len=2, **kwargs))
+    for t in range(0, steps, 8):  # the same steps in batches: the general path
+        ref.extend(
+            {
+                "obs": np.repeat(np.arange(t, t + 8, dtype=np.float32)[:, None], 2, axis=1),
+                "next": {"done": np.array(done[t : t + 8])},
+                **({"episode": np.array(episode[t : t + 8])} if traj else {}),
+            }
+        )
+    assert _index_state(rb.sampler) == _index_state(ref.sampler)
+
+
+def test_a_per_step_flag_that_is_not_one_value_is_refused_like_a_batch() -> None:
+    rb = ReplayBuffer(TensorStorage(8), sampler=SliceSampler(slice_len=2))
+    rb.add({"obs": np.zeros(2, np.float32), "next": {"done": np.zeros(1, bool)}})
+    before = _index_state(rb.sampler)
+    with pytest.raises(ValueError, match="shape"):
+        rb.add({"obs": np.zeros(2, np.float32), "next": {"done": np.zeros(2, bool)}})
+    assert _index_state(rb.sampler) == before and len(rb) == 1

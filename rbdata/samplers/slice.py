@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rbdata._layout import Key, flatten, key_name, stack_items
 from rbdata.samplers import _slices
@@ -138,6 +139,13 @@ class SliceSampler(Sampler):
             raise ValueError(f"SliceSampler: {key_name(key)} must hold one value per step")
         return value[:, 0]
 
+    def _item_ends(self, value: Any, start: int) -> tuple[list[int], Any]:
+        """:meth:`_ends_of` for one new step whose flag (or episode id) is ``value``."""
+        if self.traj_key is None:
+            return ([start] if value else []), None
+        last = self._last_traj
+        return ([start - 1] if last is not None and value != last else []), value
+
     def _ends_of(self, values: np.ndarray, start: int) -> tuple[np.ndarray, Any]:
         """Absolute times of episode ends among new steps starting at time ``start``.
 
@@ -157,8 +165,10 @@ class SliceSampler(Sampler):
 
         Returns ``(base, time, ends, last_traj)``, or ``None`` for an empty write.
         """
+        value: Any = _MISS
         if isinstance(index, int):
             first, n, batched = index, 1, False
+            value = _item_value(data, self.traj_key or self.end_key)
         else:
             n, batched = int(index.shape[0]), True
             if n == 0:
@@ -174,14 +184,17 @@ class SliceSampler(Sampler):
                 f"(expected slot {(base + self._time) % capacity}); it needs a "
                 "RoundRobinWriter; nothing was written"
             )
-        values = self._flags(data, n, batched)
         start = self._time
-        new_ends, last_traj = self._ends_of(values, start)
+        new_ends: Any
+        if value is _MISS:
+            new_ends, last_traj = self._ends_of(self._flags(data, n, batched), start)
+        else:  # one step whose flag was read directly (the per-step add)
+            new_ends, last_traj = self._item_ends(value, start)
         time = start + n
         oldest = max(0, time - capacity)
         ends = self._ends
-        if new_ends.size:
-            ends = np.concatenate([ends, new_ends])
+        if len(new_ends):
+            ends = np.concatenate([ends, np.asarray(new_ends, np.int64)])
         if ends.size and ends[0] < oldest:
             ends = ends[int(np.searchsorted(ends, oldest)) :]
         return base, time, ends, last_traj
@@ -312,3 +325,32 @@ class SliceSampler(Sampler):
         self._time, self._base, self._ends = time, base, ends
         self._last_traj = state["last_traj"]
         self._cache = None
+
+
+_MISS = object()
+
+
+def _item_value(item: Any, key: Key) -> Any:
+    """The one value at ``key`` of one item as a Python scalar, or ``_MISS`` (general path)."""
+    node = item
+    try:
+        for part in key:
+            kind = type(node)
+            if kind is not dict and kind is not TensorDict:
+                return _MISS
+            node = node[part]
+    except KeyError:
+        return _MISS
+    kind = type(node)
+    if kind is bool or kind is int or kind is float:
+        return node
+    if isinstance(node, np.generic):
+        return node.item()
+    if kind is np.ndarray:
+        return node.item() if node.size == 1 and node.dtype.kind in "biuf" else _MISS
+    if kind is torch.Tensor and node.dtype is not torch.bfloat16:  # (no numpy twin: _flags)
+        try:
+            return node.item()  # one element, else RuntimeError
+        except RuntimeError:
+            return _MISS
+    return _MISS

@@ -159,8 +159,51 @@ class ItemUnpacker:
         out: list[Any] = [None] * self.size
         return out if _collect(root, self._tree, out) else None
 
+    def unpack_batch(self, data: Any) -> tuple[list[Any], int] | None:
+        """The leaves of a batch (leading dimension ``n >= 1``) in layout order and ``n``.
+
+        Numpy arrays and CPU tensors of the leaf's dtype and per-item shape only (no
+        Python numbers: a batch has a leading dimension); ``None``: the general path.
+        """
+        plain = self._plain
+        n = [-1]
+        if plain is not None:
+            value = _batch_value(data, plain, n)
+            return None if value is _MISS or n[0] < 1 else ([value], n[0])
+        kind = type(data)
+        if kind is dict:
+            root = data
+        elif kind is TensorDict and len(data._batch_size) == 1:
+            root = data._tensordict
+        else:
+            return None
+        out: list[Any] = [None] * self.size
+        if not _collect(root, self._tree, out, n) or n[0] < 1:
+            return None
+        return out, n[0]
+
 
 _MISS = object()
+
+
+def _batch_value(v: Any, spec: _Spec, n: list[int]) -> Any:
+    """A batch leaf ready for a numpy slice assignment, or ``_MISS``; ``n[0]``: batch size."""
+    kind = type(v)
+    if kind is torch.Tensor:
+        try:
+            v = v.numpy()  # refuses what numpy() refuses, see _value
+        except (RuntimeError, TypeError):
+            return _MISS
+    elif kind is not np.ndarray:
+        return _MISS
+    shape = v.shape
+    if v.dtype is not spec.np_dtype or shape[1:] != spec.shape or not shape:
+        return _MISS
+    if n[0] < 0:
+        n[0] = shape[0]
+    elif shape[0] != n[0]:
+        return _MISS
+    return v
 
 
 def _value(v: Any, spec: _Spec) -> Any:
@@ -192,13 +235,16 @@ def _value(v: Any, spec: _Spec) -> Any:
     return _MISS
 
 
-def _collect(node: dict[str, Any], tree: list[tuple[str, Any]], out: list[Any]) -> bool:
+def _collect(
+    node: dict[str, Any], tree: list[tuple[str, Any]], out: list[Any], n: list[int] | None = None
+) -> bool:
+    """Fill ``out`` with the leaves of ``node`` (one item, or a batch of ``n[0]`` if ``n``)."""
     if len(node) != len(tree):
         return False
     for key, sub in tree:
         v = node.get(key, _MISS)
         if type(sub) is _Spec:
-            value = _value(v, sub)
+            value = _value(v, sub) if n is None else _batch_value(v, sub, n)
             if value is _MISS:
                 return False
             out[sub.index] = value
@@ -206,10 +252,10 @@ def _collect(node: dict[str, Any], tree: list[tuple[str, Any]], out: list[Any]) 
         kind = type(v)
         if kind is dict:
             inner = v
-        elif kind is TensorDict and not v._batch_size:
+        elif kind is TensorDict and (not v._batch_size if n is None else v._batch_size):
             inner = v._tensordict
         else:
             return False
-        if not _collect(inner, sub, out):
+        if not _collect(inner, sub, out, n):
             return False
     return True

@@ -339,6 +339,14 @@ class Storage(Dataset[Any]):
         del slot, item, check
         return False
 
+    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """:meth:`_add_fast` for a batch written at ring slots ``start, start + 1, ...``.
+
+        Returns the slots written (a ``LongTensor``), or ``None``: nothing was done.
+        """
+        del start, data, check
+        return None
+
     @abstractmethod
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """Return the items at in-range ``idx`` as one batch (and ``extra`` if dict-like)."""

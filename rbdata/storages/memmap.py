@@ -44,6 +44,7 @@ from typing import Any
 
 import torch
 
+from rbdata._index import ring_runs
 from rbdata._layout import Layout
 from rbdata.storages._files import (
     atomic_write_json,
@@ -484,6 +485,39 @@ class MemmapStorage(TensorStorage):
         state.add_writes(1)
         self._last_write = (before, before + 1)
         return True
+
+    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """A batch through numpy slice writes (journaled over live slots), if it matches."""
+        if self._shared:
+            return None
+        got = self._unpack_batch(start, data, check)
+        if got is None:
+            return None
+        values, n, index = got
+        header, cap = self._header, self.capacity
+        length = header.length
+        end = start + n
+        new_length = max(length, min(end, cap))
+        nxt = end % cap
+        live = start < length or (end > cap and length > 0)
+        if live and not self._private:  # overwrites: through the journal
+            journal = self._ready_journal()
+            runs = ring_runs(start, n, cap)
+            slots = [v for run in runs for v in (run.start, run.stop)]
+            plan = journal.begin(0, slots, n, new_length, nxt)
+            for nview, value in zip(plan.nviews, values, strict=True):
+                nview[...] = value  # type: ignore[index]
+            journal.commit(plan, len(slots))
+            self._apply(0, runs, n, new_length, nxt, plan)
+            journal.clear()
+        else:
+            self._put_rows(start, n, values)
+            header.publish(new_length, nxt)
+        state = self._state
+        before = state.writes
+        state.add_writes(n)
+        self._last_write = (before, before + n)
+        return index
 
     def _ready_journal(self) -> Journal:
         """The journal, created on first use, with any transaction a dead writer left applied."""

@@ -61,7 +61,8 @@ class TensorStorage(Storage):
         # numpy views of CPU buffers: a one-row write through numpy costs ~half of torch's
         # ``buf[i] = t`` (the per-step ``add`` path of online agents).
         self._np_buffers: list[np.ndarray] | None = None
-        self._unpack: Callable[[Any], list[Any] | None] | None = None  # see _add_fast
+        self._unpacker: ItemUnpacker | None = None  # see _add_fast
+        self._unpack: Callable[[Any], list[Any] | None] | None = None
         self._plain = False
 
     def config(self) -> dict[str, Any]:
@@ -76,6 +77,7 @@ class TensorStorage(Storage):
         except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
             self._np_buffers = None
         unpacker = ItemUnpacker.for_layout(layout) if self._np_buffers is not None else None
+        self._unpacker = unpacker
         self._unpack = None if unpacker is None else unpacker.unpack
 
     @property
@@ -86,7 +88,7 @@ class TensorStorage(Storage):
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["_np_buffers"] = None  # numpy views would pickle as copies: rebuild them
-        state["_unpack"] = None
+        state["_unpack"] = state["_unpacker"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -136,6 +138,50 @@ class TensorStorage(Storage):
             self._length = top
         self._next = top if top < self.capacity else 0
         return True
+
+    def _unpack_batch(
+        self, start: int, data: Any, check: Any
+    ) -> tuple[list[Any], int, torch.Tensor] | None:
+        """A small batch's leaves, size and ring slots from ``start`` (``check`` passed)."""
+        unpacker = self._unpacker
+        if unpacker is None or self._closed:
+            return None
+        got = unpacker.unpack_batch(data)
+        if got is None or got[1] > self.capacity:  # too big: the general path says so
+            return None
+        values, n = got
+        index = torch.arange(start, start + n)
+        if start + n > self.capacity:
+            index.remainder_(self.capacity)
+        if check is not None:
+            check(index, data)
+        return values, n, index
+
+    def _put_rows(self, start: int, n: int, values: list[Any]) -> int:
+        """Assign a batch to the ring slots from ``start``; return one past the top slot."""
+        end, cap = start + n, self.capacity
+        arrays: list[Any] = self._np_buffers  # type: ignore[assignment]  # set with _unpacker
+        if end <= cap:
+            for arr, value in zip(arrays, values, strict=True):
+                arr[start:end] = value
+            return end
+        k = cap - start
+        for arr, value in zip(arrays, values, strict=True):
+            arr[start:] = value[:k]
+            arr[: end - cap] = value[k:]
+        return cap
+
+    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """A batch through numpy slice writes, if its leaves match the layout exactly."""
+        got = self._unpack_batch(start, data, check)
+        if got is None:
+            return None
+        values, n, index = got
+        top = self._put_rows(start, n, values)
+        if top > self._length:
+            self._length = top
+        self._next = (start + n) % self.capacity
+        return index
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         arrays = self._np_buffers

@@ -86,6 +86,14 @@ class RoundRobinWriter(Writer):
 
         ``check(slots, data)``, if given, runs after validation and before the write.
         """
+        if not storage.shared:
+            start = self._cursor
+            if start is None:
+                start = self._start(storage)
+            index = storage._extend_fast(start, data, check)  # small batches (see Storage)
+            if index is not None:
+                self._cursor = (start + index.shape[0]) % storage.capacity
+                return index
         prepared = storage.prepare(data, batched=True)
         n, capacity = prepared.n, storage.capacity
         if n > capacity:
