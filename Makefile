@@ -7,7 +7,7 @@ PIP    := $(PY) -m pip
 EXTRAS ?= test,bench,docs
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
-.PHONY: test demo bench docs lint typecheck boundscheck venv clean
+.PHONY: test demo bench docs lint typecheck boundscheck venv clean test-cuda bench-cuda
 
 $(VENV)/bin/python:
 	$(PYTHON) -m venv $(VENV)
@@ -52,6 +52,14 @@ bench: venv
 	$(PY) tests/benchmarks/bench_nodes.py
 	$(PY) tests/benchmarks/bench_online.py
 	$(PY) tests/benchmarks/bench_compat.py
+
+# On a machine with a GPU: the tests marked cuda (skipped elsewhere), then the GPU benchmark
+# (tests/benchmarks/README.md). Without CUDA both run and report that nothing needed a GPU.
+test-cuda: venv
+	$(PY) -m pytest -m cuda -rs
+
+bench-cuda: venv
+	$(PY) tests/benchmarks/bench_cuda.py
 
 docs: venv
 	$(PY) -m sphinx -W --keep-going -b html docs docs/_build/html

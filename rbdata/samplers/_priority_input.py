@@ -17,6 +17,7 @@ __all__ = [
     "check_exponent",
     "contiguous_cpu_pair",
     "cpu_copy",
+    "device_index_and_priority",
     "index_and_priority",
 ]
 
@@ -75,6 +76,51 @@ def index_and_priority(index: Any, priority: Any) -> tuple[np.ndarray, np.ndarra
     if prio.shape[0] != idx.shape[0]:
         raise ValueError(
             f"priority: expected {idx.shape[0]} values (one per index), got "
+            f"{prio.shape[0]}: index and priority have different lengths"
+        )
+    return idx, prio
+
+
+def device_index_and_priority(
+    index: Any, priority: Any, device: torch.device
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """1-D int64 indices and float32/float64 priorities of equal length, on ``device``.
+
+    The input of the device path of :class:`~rbdata.samplers.PrioritizedSampler`: tensors are
+    flattened and moved to ``device`` (from the host with ``non_blocking=True``; CUDA tensors
+    for CUDA trees stay where they are), never read on the host: no host synchronisation.
+    Kinds, dtypes and lengths are checked here from the metadata, as
+    :func:`index_and_priority` does (same errors); the *values* (range, NaN, sign) are for
+    the caller to check on the device. Lists, arrays and scalars go through numpy first. A
+    scalar priority (a number or a 0-d tensor) applies to every index.
+    """
+    if isinstance(index, torch.Tensor):
+        if index.dtype is torch.bool or index.is_floating_point() or index.is_complex():
+            kind = str(index.dtype).replace("torch.", "")
+            raise TypeError(f"index: expected integers, got dtype {kind}")
+        idx = index.detach().reshape(-1)  # host to GPU without waiting (back: waits)
+        idx = idx.to(device=device, dtype=torch.long, non_blocking=idx.is_cpu)
+    else:  # a copy: torch.from_numpy would share (and warn about) a read-only array
+        idx = torch.tensor(as_numpy(index, np.int64, "index").reshape(-1)).to(
+            device, non_blocking=True
+        )
+    n = idx.shape[0]
+    if isinstance(priority, torch.Tensor):
+        prio = priority.detach()
+        if prio.is_complex():
+            raise TypeError(f"priority: expected numbers, got dtype {prio.dtype}")
+        if prio.dtype not in _FLOATS:  # integers, bools, half precision: float64 as on CPU
+            prio = prio.to(torch.float64)
+        prio = prio.to(device, non_blocking=prio.is_cpu)
+        prio = prio.expand(n) if prio.dim() == 0 else prio.reshape(-1)
+    else:
+        arr = as_numpy(priority, np.float64, "priority")
+        if arr.ndim == 0:  # one value for every index: filled on the device, no copy
+            return idx, torch.full((n,), float(arr), dtype=torch.float64, device=device)
+        prio = torch.tensor(arr).to(device, non_blocking=True)
+    if prio.shape[0] != n:
+        raise ValueError(
+            f"priority: expected {n} values (one per index), got "
             f"{prio.shape[0]}: index and priority have different lengths"
         )
     return idx, prio

@@ -16,9 +16,11 @@ For prioritized sampling a *block-min tree* sits beside the sum tree: a min tree
 ``8j + 7``, one cache line that an update has just read), so its root is the smallest positive
 stored value at an eighth of the memory of a per-slot min tree.
 
-The torch functions are the reference and run on CPU and CUDA tensors alike (vectorised over
-a batch, one level at a time). On CPU tensors the public functions dispatch to numba kernels
-with the same semantics when numba is importable.
+The torch functions are the reference and run on CPU and CUDA tensors alike: they are the
+batched operations of :mod:`rbdata.samplers._torch_tree` (vectorised over a batch, one level
+at a time, no host synchronisation), which also run the prioritized sampler's CUDA trees. On
+CPU tensors the public functions dispatch to numba kernels with the same semantics when numba
+is importable.
 """
 
 from __future__ import annotations
@@ -51,6 +53,7 @@ __all__ = [
 ]
 
 from rbdata._numba import HAS_NUMBA, voidptr
+from rbdata.samplers import _torch_tree
 
 if HAS_NUMBA:  # pragma: no branch - numba is a core dependency
     import numba
@@ -124,24 +127,25 @@ def _pairwise_sum(block: torch.Tensor) -> torch.Tensor:
     return ((b[:, 0] + b[:, 1]) + (b[:, 2] + b[:, 3])) + ((b[:, 4] + b[:, 5]) + (b[:, 6] + b[:, 7]))
 
 
+def _levels(tree: torch.Tensor) -> _torch_tree.Levels:
+    return _torch_tree.Levels(layout(tree), int(tree.shape[0]), tree.device)
+
+
 def update_reference(
     tree: torch.Tensor, index: torch.Tensor, values: torch.Tensor, op: str
 ) -> None:
-    """Set slots ``index`` to ``values`` and recompute their ancestors (duplicates: last wins)."""
+    """Set slots ``index`` to ``values`` and recompute their ancestors (duplicates: last wins).
+
+    The batched torch update of :mod:`rbdata.samplers._torch_tree`: the written leaves, then
+    only their ancestors, level by level; sums in float64, pairwise, rounded once, exactly
+    like the kernels (the same bits on every path and for every tree dtype).
+    """
     if index.numel() == 0:
         return
-    offsets = layout(tree)
-    index, values = _last_occurrence(index, values)
-    tree[offsets[-1] + index] = values.to(tree.dtype)
-    children = torch.arange(ARITY, device=tree.device)
-    node = index
-    for level in range(len(offsets) - 2, -1, -1):
-        node = torch.unique(node // ARITY)
-        block = tree[(offsets[level + 1] + ARITY * node).unsqueeze(1) + children]
-        # sums: float64, pairwise, rounded once, exactly like the kernels (the same bits on
-        # every path and for every tree dtype)
-        combined = _pairwise_sum(block.double()) if op == "sum" else block.amin(1)
-        tree[offsets[level] + node] = combined.to(tree.dtype)
+    levels = _levels(tree)
+    index = index.reshape(-1).to(device=tree.device, dtype=torch.long)
+    scratch = _torch_tree.new_scratch(levels.leaves, tree.device)
+    _torch_tree.update(tree, levels, index, values.reshape(-1).to(tree.device), op, scratch)
 
 
 def find_reference(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -149,25 +153,10 @@ def find_reference(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
 
     Returns the slot ``s`` with ``sum(v[:s]) <= target < sum(v[:s + 1])``. A child of zero
     mass is never entered, so a slot of value 0 is never returned while the root is positive;
-    a target rounded up to (or past) the total lands on the last positive slot.
+    a target rounded up to (or past) the total lands on the last positive slot. All targets
+    descend together, one level at a time (:func:`rbdata.samplers._torch_tree.find`).
     """
-    offsets = layout(tree)
-    node = torch.zeros(targets.shape, dtype=torch.long, device=tree.device)
-    remaining = targets.double()
-    children = torch.arange(ARITY, device=tree.device)
-    for level in range(len(offsets) - 1):
-        block = tree[(offsets[level + 1] + ARITY * node).unsqueeze(1) + children].double()
-        cumsum = block.cumsum(1)
-        chosen = (cumsum <= remaining.unsqueeze(1)).sum(1)
-        overflow = chosen == ARITY
-        if bool(overflow.any()):
-            last_positive = (ARITY - 1) - (block > 0).flip(1).long().argmax(1)
-            chosen = torch.where(overflow, last_positive, chosen)
-        before = cumsum.gather(1, (chosen - 1).clamp(min=0).unsqueeze(1)).squeeze(1)
-        prefix = torch.where(chosen > 0, before, 0)
-        remaining = remaining - prefix
-        node = ARITY * node + chosen
-    return node
+    return _torch_tree.find(tree, _levels(tree), targets)
 
 
 def new_block_min_tree(
@@ -188,16 +177,17 @@ def set_priorities_reference(
     """Store ``(priority + eps) ** alpha`` at ``index`` and refresh the block-min tree."""
     if index.numel() == 0:
         return
+    levels = _levels(sum_tree)
     values = (priority.double() + eps).pow(alpha)
-    update_reference(sum_tree, index, values, "sum")
-    leaf0 = leaf_offset(sum_tree)
-    width = min(ARITY, sum_tree.shape[0] - leaf0)
-    blocks = torch.unique(index // ARITY)
-    rows = sum_tree[
-        (leaf0 + width * blocks).unsqueeze(1) + torch.arange(width, device=index.device)
-    ]
-    block_min = torch.where(rows > 0, rows, math.inf).amin(1)
-    update_reference(min_tree, blocks, block_min, "min")
+    _torch_tree.set_values(
+        sum_tree,
+        min_tree,
+        levels,
+        _levels(min_tree),
+        index.reshape(-1).to(device=sum_tree.device, dtype=torch.long),
+        values.reshape(-1).to(sum_tree.device),
+        _torch_tree.new_scratch(levels.leaves, sum_tree.device),
+    )
 
 
 def rebuild(sum_tree: torch.Tensor, min_tree: torch.Tensor) -> None:
@@ -238,9 +228,7 @@ def draw_reference(
     sum_tree: torch.Tensor, min_tree: torch.Tensor, targets: torch.Tensor, beta: float
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Slots of ``targets`` and their weights ``(v / v_min) ** -beta`` as float32."""
-    index = find_reference(sum_tree, targets)
-    values = sum_tree[leaf_offset(sum_tree) + index].double()
-    return index, (values / float(min_tree[ROOT])).pow_(-beta).to(torch.float32)
+    return _torch_tree.draw(sum_tree, min_tree[ROOT], _levels(sum_tree), targets, beta)
 
 
 # --- numba kernels (CPU) ---------------------------------------------------------------------

@@ -10,7 +10,7 @@ import torch
 
 from rbdata._layout import Layout
 from rbdata.storages._unpack import ItemUnpacker
-from rbdata.storages.base import Storage
+from rbdata.storages.base import Prepared, Storage
 
 __all__ = ["TensorStorage"]
 
@@ -30,6 +30,34 @@ def _check_device(device: torch.device) -> None:
         torch.empty(0, device=device)
     except (RuntimeError, AssertionError) as err:  # e.g. 'cuda:3' with one GPU
         raise RuntimeError(f"device {str(device)!r} is not available: {err}") from err
+
+
+def _to_device(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A leaf on ``device`` as ``dtype``, queued without the host waiting for the device.
+
+    A CPU leaf is copied (and cast) into fresh pinned memory first, even a pinned one: the
+    caller may change its tensor as soon as the write returns, before the GPU has read it;
+    torch's pinned allocator reuses the block only once that copy is done.
+    """
+    if _same_device(t.device, device):
+        return t if t.dtype == dtype else t.to(dtype)
+    if t.is_cpu:
+        staged = torch.empty(t.shape, dtype=dtype, pin_memory=True)
+        staged.copy_(t)
+        return staged.to(device, non_blocking=True)
+    return t.to(device, dtype, non_blocking=True)
+
+
+def _same_device(a: torch.device, b: torch.device) -> bool:
+    """Whether ``a`` and ``b`` name one device (``"cuda"`` is the current GPU)."""
+    if a.type != b.type:
+        return False
+    if a.index is None or b.index is None:
+        current = torch.cuda.current_device() if a.type == "cuda" else 0
+        return (a.index if a.index is not None else current) == (
+            b.index if b.index is not None else current
+        )
+    return a.index == b.index
 
 
 class TensorStorage(Storage):
@@ -103,6 +131,26 @@ class TensorStorage(Storage):
         ]
         self._set_buffers(buffers, layout)
 
+    def _payload_device(self) -> torch.device | None:
+        # CUDA: prepare leaves CPU leaves where they are, then stages them itself (below)
+        return None if self._device.type == "cuda" else self._device
+
+    def prepare(self, data: Any, batched: bool) -> Prepared:
+        """Validate ``data`` (see :meth:`Storage.prepare`); on CUDA, start its copy to the GPU.
+
+        CPU leaves are copied (and cast) into pinned memory, then queued for the GPU with
+        ``non_blocking=True``: the host never waits for the device, once per batch or ever
+        (a pageable ``.to("cuda")`` would).
+        """
+        prepared = super().prepare(data, batched)
+        if self._device.type == "cuda" and prepared.layout is not None:
+            leaves = prepared.layout.leaves
+            prepared.payload = [
+                _to_device(t, leaf.dtype, self._device) if isinstance(t, torch.Tensor) else t
+                for t, leaf in zip(prepared.payload, leaves, strict=True)
+            ]
+        return prepared
+
     def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
         if isinstance(index, list):
             if len(index) == 1:
@@ -117,7 +165,7 @@ class TensorStorage(Storage):
                     buf[run].copy_(t[offset:stop])
                 offset = stop
             return
-        idx = index.to(self.device)
+        idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
         for buf, t in zip(self._buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
 
@@ -197,18 +245,24 @@ class TensorStorage(Storage):
 
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         if self._plain:  # plain-tensor items: one gather, nothing to assemble
-            return torch.index_select(self._buffers[0], 0, idx.to(self._device))
+            return torch.index_select(
+                self._buffers[0], 0, idx.to(self._device, non_blocking=idx.is_cpu)
+            )
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
-        if idx.device != self._device:
-            idx = idx.to(self._device)
+        if idx.device != self._device:  # host to GPU without waiting; GPU to host waits
+            idx = idx.to(self._device, non_blocking=idx.is_cpu)
         tensors = [torch.index_select(buf, 0, idx) for buf in self._buffers]
+        device: torch.device | None = self.device
         if extra:
             for key, value in extra.items():
                 if value.device != self._device:
-                    extra[key] = value.to(self._device)
-        return layout.assemble(tensors, torch.Size((idx.shape[0],)), self.device, extra)
+                    if value.is_cpu:  # a CPU sampler's index/weight join the data
+                        extra[key] = value.to(self._device, non_blocking=True)
+                    elif not _same_device(value.device, self._device):
+                        device = None  # a GPU sampler's stay on its GPU: a mixed batch
+        return layout.assemble(tensors, torch.Size((idx.shape[0],)), device, extra)
 
     def _get(self, index: int) -> Any:
         layout = self._layout
