@@ -278,3 +278,23 @@ def test_read_only_arrays_are_accepted() -> None:
     priority.flags.writeable = False
     rb.update_priority(index, priority)
     assert rb.sampler.priority_values([1, 2]).tolist() == [3.0, 4.0]  # type: ignore[attr-defined]
+
+
+def test_per_step_adds_set_the_same_priorities_as_batch_extends() -> None:
+    # on_write of one slot takes a kernel call of its own; the reference writes the same
+    # items in batches (the general on_write), with the same priority updates in between
+    cap = 16
+
+    def buffer() -> ReplayBuffer:
+        return ReplayBuffer(TensorStorage(cap), PrioritizedSampler(cap, alpha=0.7, beta=0.5))
+
+    rb, ref = buffer(), buffer()
+    for round_ in range(3):
+        for k in range(11):
+            rb.add({"x": np.float32(k)})
+        ref.extend({"x": np.arange(11, dtype=np.float32)})
+        for r in (rb, ref):
+            r.update_priority([round_, 5], [0.5 + round_, 3.0 * (round_ + 1)])
+    assert torch.equal(rb.sampler._sum, ref.sampler._sum)
+    assert torch.equal(rb.sampler._min, ref.sampler._min)
+    assert rb.sampler.max_priority == ref.sampler.max_priority == 9.0

@@ -42,6 +42,7 @@ _RECORD = 7
 _BAD_INPUT, _ALL_ZERO = 1.0, 6.0
 #: the attributes derived from the trees and their device, rebuilt instead of pickled
 _DERIVED = (
+    "_one",
     "_sum_np",
     "_min_np",
     "_offsets_np",
@@ -202,6 +203,7 @@ class PrioritizedSampler(Sampler):
         self._pending_tensors: list[torch.Tensor] = []
         if self._fast:  # numpy views of the trees for the numba kernels
             self._sum_np, self._min_np = self._sum.numpy(), self._min.numpy()
+            self._one = (np.zeros(1, np.int64), np.zeros(1, np.float64))  # see _set_one
             self._offsets_np = np.asarray(_sumtree.layout(self._sum), dtype=np.int64)
             return
         self._sum_levels = _torch_tree.Levels(
@@ -643,8 +645,35 @@ class PrioritizedSampler(Sampler):
                 self._flush()
             return
         if isinstance(index, int):
+            if self._fast:  # the per-step add: one slot through the kernel, no conversions
+                self._set_one(index, self._default())
+                return
             index = torch.tensor([index])
         self.update_priority(index, self._default())
+
+    def _set_one(self, slot: int, priority: float) -> None:
+        """:meth:`update_priority` of one slot on the CPU (numba) trees, validated alike."""
+        idx, prio = self._one
+        idx[0] = slot
+        prio[0] = priority
+        source = self.data_source
+        filled = self.capacity if source is None else min(len(source), self.capacity)
+        code, _, top = _nb_set_priorities(
+            self._sum_np,
+            self._min_np,
+            self._offsets_np,
+            idx,
+            prio,
+            filled,
+            self.eps,
+            self.alpha,
+            self._vmax,
+            self._pmax,
+        )
+        if code:
+            self._refuse(code, slot, priority, filled)
+        if top > self._max_priority:
+            self._max_priority = top
 
     def attach(self, storage: Sized) -> None:
         """Bind to a storage; items already in it get the default priority.
