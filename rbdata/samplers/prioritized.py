@@ -359,39 +359,26 @@ class PrioritizedSampler(Sampler):
             return
         idx, prio = index_and_priority(index, priority)
         if self._fast:  # validation, transform and both trees in one kernel
-            code, pos, top = _nb_set_priorities(
-                self._sum_np,
-                self._min_np,
-                self._offsets_np,
-                idx,
-                prio,
-                filled,
-                self.eps,
-                self.alpha,
-                self._vmax,
-                self._pmax,
-            )
-            if code:
-                self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
-        else:
-            for code, bad in enumerate(
-                ((idx < 0) | (idx >= filled), ~np.isfinite(prio), prio < 0), start=1
-            ):
-                if bad.any():
-                    pos = int(np.argmax(bad))
-                    self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
-            bad = ~(prio.astype(np.float64) + self.eps <= self._pmax)
+            self._set_on_cpu(idx, prio, filled)
+            return
+        for code, bad in enumerate(
+            ((idx < 0) | (idx >= filled), ~np.isfinite(prio), prio < 0), start=1
+        ):
             if bad.any():
                 pos = int(np.argmax(bad))
-                self._refuse(4, int(idx[pos]), float(prio[pos]), filled)
-            if idx.size:
-                values = (prio.astype(np.float64) + self.eps) ** self.alpha
-                if self._total_overflows(idx, values):
-                    self._refuse(5, 0, 0.0, filled)
-            top = float(prio.max()) if prio.size else 0.0
-            if idx.size:  # torch.tensor copies: the arrays may be read-only views
-                stored = torch.tensor(prio, device=self.device).double().add_(self.eps)
-                self._store(torch.tensor(idx, device=self.device), stored.pow_(self.alpha))
+                self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
+        bad = ~(prio.astype(np.float64) + self.eps <= self._pmax)
+        if bad.any():
+            pos = int(np.argmax(bad))
+            self._refuse(4, int(idx[pos]), float(prio[pos]), filled)
+        if idx.size:
+            values = (prio.astype(np.float64) + self.eps) ** self.alpha
+            if self._total_overflows(idx, values):
+                self._refuse(5, 0, 0.0, filled)
+        top = float(prio.max()) if prio.size else 0.0
+        if idx.size:  # torch.tensor copies: the arrays may be read-only views
+            stored = torch.tensor(prio, device=self.device).double().add_(self.eps)
+            self._store(torch.tensor(idx, device=self.device), stored.pow_(self.alpha))
         self._max_priority = max(self._max_priority, top)
 
     # --- the device path (CUDA; CPU when forced) ---------------------------------------------
@@ -657,8 +644,13 @@ class PrioritizedSampler(Sampler):
         idx[0] = slot
         prio[0] = priority
         source = self.data_source
-        filled = self.capacity if source is None else min(len(source), self.capacity)
-        code, _, top = _nb_set_priorities(
+        self._set_on_cpu(
+            idx, prio, self.capacity if source is None else min(len(source), self.capacity)
+        )
+
+    def _set_on_cpu(self, idx: np.ndarray, prio: np.ndarray, filled: int) -> None:
+        """Validate, transform and store priorities in both CPU trees (one kernel call)."""
+        code, pos, top = _nb_set_priorities(
             self._sum_np,
             self._min_np,
             self._offsets_np,
@@ -671,7 +663,7 @@ class PrioritizedSampler(Sampler):
             self._pmax,
         )
         if code:
-            self._refuse(code, slot, priority, filled)
+            self._refuse(code, int(idx[pos]), float(prio[pos]), filled)
         if top > self._max_priority:
             self._max_priority = top
 

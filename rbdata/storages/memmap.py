@@ -449,14 +449,11 @@ class MemmapStorage(TensorStorage):
 
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One item through numpy row writes (journaled over a live slot), if it matches."""
-        unpack = self._unpack
-        if unpack is None or self._closed or self._shared:
+        if self._shared:
             return False
-        values = unpack(item)
+        values = self._unpack_item(slot, item, check)
         if values is None:
             return False
-        if check is not None:
-            check(slot, item)
         header = self._header
         length = header.length
         top = slot + 1

@@ -169,16 +169,21 @@ class TensorStorage(Storage):
         for buf, t in zip(self._buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
 
-    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
-        """One item through numpy row writes, if its leaves match the layout exactly."""
+    def _unpack_item(self, slot: int, item: Any, check: Any) -> list[Any] | None:
+        """One item's leaves for numpy row writes at ``slot`` (``check`` passed), or ``None``."""
         unpack = self._unpack
         if unpack is None or self._closed:
-            return False
+            return None
         values = unpack(item)
+        if values is not None and check is not None:
+            check(slot, item)
+        return values
+
+    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """One item through numpy row writes, if its leaves match the layout exactly."""
+        values = self._unpack_item(slot, item, check)
         if values is None:
             return False
-        if check is not None:
-            check(slot, item)
         for arr, value in zip(self._np_buffers, values, strict=True):  # type: ignore[arg-type]
             arr[slot] = value
         top = slot + 1
