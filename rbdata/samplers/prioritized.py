@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._device import resolve_device
 from rbdata._index import check_capacity
 from rbdata.samplers import _sumtree, _torch_tree
 from rbdata.samplers._priority_input import (
@@ -68,20 +69,7 @@ _DERIVED = (
 
 def _resolve_device(device: Any) -> torch.device:
     """``device`` as a torch device that can hold the trees, or an error that says why not."""
-    device = torch.device(device)
-    if device.type == "cpu":
-        return device
-    if device.type == "meta":
-        raise ValueError("device: a 'meta' device holds no data; use 'cpu' or 'cuda'")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            f"device {str(device)!r}: CUDA is not available (no GPU visible, or a CPU-only "
-            "PyTorch build); use device='cpu', or device=None to follow the storage"
-        )
-    try:  # 'cuda' becomes 'cuda:<current>', the device its tensors report
-        return torch.empty(0, device=device).device
-    except (RuntimeError, AssertionError) as err:  # e.g. 'cuda:3' with one GPU
-        raise RuntimeError(f"device {str(device)!r} is not available: {err}") from err
+    return resolve_device(device, "use device='cpu', or device=None to follow the storage")
 
 
 def _source_device(source: Any) -> torch.device:

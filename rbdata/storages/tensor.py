@@ -8,28 +8,12 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._device import resolve_device
 from rbdata._layout import Layout
 from rbdata.storages._unpack import ItemUnpacker
 from rbdata.storages.base import Prepared, Storage
 
 __all__ = ["TensorStorage"]
-
-
-def _check_device(device: torch.device) -> None:
-    """Refuse, at construction, a device that cannot hold tensors here (e.g. CUDA absent)."""
-    if device.type == "cpu":
-        return
-    if device.type == "meta":
-        raise ValueError("device: a 'meta' device holds no data; use 'cpu' or 'cuda'")
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
-            f"device {str(device)!r}: CUDA is not available (no GPU visible, or a CPU-only "
-            "PyTorch build); use device='cpu'"
-        )
-    try:
-        torch.empty(0, device=device)
-    except (RuntimeError, AssertionError) as err:  # e.g. 'cuda:3' with one GPU
-        raise RuntimeError(f"device {str(device)!r} is not available: {err}") from err
 
 
 def _to_device(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -84,7 +68,7 @@ class TensorStorage(Storage):
 
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         super().__init__(max_size, device)
-        _check_device(self.device)
+        resolve_device(self.device)  # refused here, at construction, if it cannot hold data
         self._buffers: list[torch.Tensor] = []
         # numpy views of CPU buffers: a one-row write through numpy costs ~half of torch's
         # ``buf[i] = t`` (the per-step ``add`` path of online agents).
