@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import math
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -31,6 +31,7 @@ __all__ = [
     "is_structured",
     "key_name",
     "key_names",
+    "nest",
     "stack_items",
 ]
 
@@ -80,6 +81,22 @@ class Leaf:
     def name(self) -> str:
         """Human-readable key, e.g. ``('next', 'reward')`` or ``'observation'``."""
         return key_name(self.key)
+
+
+def nest(pairs: Iterable[tuple[Key, Any]]) -> dict[str, Any]:
+    """Nested dicts from ``(key path, value)`` pairs, in first-appearance order.
+
+    Examples:
+        >>> nest([(("a",), 1), (("next", "b"), 2), (("next", "c"), 3)])
+        {'a': 1, 'next': {'b': 2, 'c': 3}}
+    """
+    out: dict[str, Any] = {}
+    for key, value in pairs:
+        node = out
+        for part in key[:-1]:
+            node = node.setdefault(part, {})
+        node[key[-1]] = value
+    return out
 
 
 def is_structured(data: Any) -> bool:
@@ -652,12 +669,7 @@ class Layout:
         """Build the user-facing batch from leaves in layout order, without re-validation."""
         if self.kind == _TENSOR_KIND:
             return tensors[0]
-        source: dict[str, Any] = {}
-        for key, t in zip(self.keys, tensors, strict=True):
-            node = source
-            for part in key[:-1]:
-                node = node.setdefault(part, {})
-            node[key[-1]] = t
+        source = nest(zip(self.keys, tensors, strict=True))
         if extra:
             source.update(extra)
         return TensorDict._new_unsafe(

@@ -21,6 +21,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer
+from rbdata._layout import nest
 from rbdata.samplers import PrioritizedSampler
 from rbdata.storages import MemmapStorage, Storage, TensorStorage
 from rbdata.storages._unpack import ItemUnpacker
@@ -41,19 +42,9 @@ LEAVES: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]] = [
 ]
 
 
-def nest(flat: dict[tuple[str, ...], Any]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = out
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = value
-    return out
-
-
 def first_item() -> dict[str, Any]:
     """Fixes the layout: every leaf a tensor of its dtype."""
-    return nest({key: torch.zeros(shape, dtype=dtype) for key, shape, dtype in LEAVES})
+    return nest((key, torch.zeros(shape, dtype=dtype)) for key, shape, dtype in LEAVES)
 
 
 def storages(tmp_path: Path) -> list[tuple[str, Any]]:
@@ -159,7 +150,7 @@ def test_add_fast_stores_what_the_general_path_stores(
         flat.pop(LEAVES[drop][0])
     if extra:
         flat[("next", "info")] = np.zeros(1, dtype=np.float32)
-    item = nest(flat)
+    item = nest(flat.items())
     for _, make in storages(tmp):
         fast, ref = make(0), make(1)
         for s in (fast, ref):
@@ -330,7 +321,7 @@ def test_extend_fast_stores_what_the_general_path_stores(
         key: batch_leaf(kind, n + 1 if mismatch and i == 3 else n, value, shape, dtype)
         for i, (kind, (key, shape, dtype)) in enumerate(zip(kinds, LEAVES, strict=True))
     }
-    batch: Any = nest(flat)
+    batch: Any = nest(flat.items())
     if as_td:
         try:
             batch = TensorDict(batch, [n])

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._layout import Layout
+from rbdata._layout import Layout, nest
 from rbdata.storages.base import Prepared, Storage
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
@@ -88,7 +88,7 @@ class StepWriter:
         self._obs, self._action = stage[OBS], stage[ACTION]
         self._reward, self._done, self._truncated = stage[REWARD], stage[DONE], stage[TRUNCATED]
         tensors = {k: torch.from_numpy(v) for k, v in stage.items()}
-        self.layout = Layout.from_data(_nest(tensors), batched=True)
+        self.layout = Layout.from_data(nest(tensors.items()), batched=True)
         self._step = self._prepared(stage)
         self._blank = self._prepared(blank) if next_in_slot else None
         self._leaf_of = {leaf.key: i for i, leaf in enumerate(self.layout.leaves)}
@@ -297,13 +297,3 @@ class StepWriter:
             dones.mul_(torch.index_select(bufs[leaf[TRUNCATED]], 0, flat).neg_().add_(1))
         rewards = torch.index_select(bufs[leaf[REWARD]], 0, flat)
         return obs, actions, next_obs, dones.view(-1, 1), rewards.view(-1, 1)
-
-
-def _nest(flat: dict[tuple[str, ...], torch.Tensor]) -> dict[str, Any]:
-    out: dict[str, Any] = {}
-    for key, value in flat.items():
-        node = out
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = value
-    return out

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rbdata._layout import TENSOR, Key, Layout, Leaf
+from rbdata._layout import TENSOR, Layout, Leaf, nest
 
 __all__ = ["ItemUnpacker"]
 
@@ -92,13 +92,7 @@ class _Spec:
 
 def _tree(layout: Layout, specs: list[_Spec]) -> list[tuple[str, Any]]:
     """The nested key structure: ``[(key, _Spec | subtree)]`` in first-appearance order."""
-    root: dict[str, Any] = {}
-    for leaf, spec in zip(layout.leaves, specs, strict=True):
-        key: Key = leaf.key
-        node = root
-        for part in key[:-1]:
-            node = node.setdefault(part, {})
-        node[key[-1]] = spec
+    root = nest(zip(layout.keys, specs, strict=True))
 
     def freeze(node: dict[str, Any]) -> list[tuple[str, Any]]:
         return [(k, freeze(v) if isinstance(v, dict) else v) for k, v in node.items()]
