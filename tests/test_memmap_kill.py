@@ -98,6 +98,22 @@ def wait_for(root: Path, count: int, pid: int) -> None:
         time.sleep(0.001)
 
 
+def kill_and_reap(zygote: Zygote, root: Path, trial: int, logged: int, pause: float) -> int:
+    """Run a worker in ``root``, SIGKILL it ``pause`` s after it logged ``done logged``.
+
+    Returns the last ``done k`` it logged; it must have died of the SIGKILL.
+    """
+    pid = zygote.run(root, seed=trial)
+    wait_for(root, logged, pid)
+    time.sleep(pause)
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(pid, signal.SIGKILL)
+    status = zygote.reap(pid)
+    lines = read_log(root)
+    assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, lines
+    return max(int(x.split()[1]) for x in lines if x.startswith("done "))
+
+
 def ring(sizes: list[int]) -> tuple[np.ndarray, np.ndarray, int, int]:
     """Batch id and row of every slot after the batches ``sizes`` (an independent model)."""
     bid = np.zeros(CAPACITY, dtype=np.int64)
@@ -152,15 +168,8 @@ def test_sigkill_during_extend_leaves_whole_batches(tmp_path: Path) -> None:
         for trial in range(TRIALS):
             root = tmp_path / f"trial-{trial:02d}"
             root.mkdir()
-            pid = zygote.run(root, seed=trial)
-            wait_for(root, rng.randint(3, 6), pid)  # the ring is full (or nearly) by then
-            time.sleep(rng.uniform(0.0, 0.03))
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            status = zygote.reap(pid)
-            lines = read_log(root)
-            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, lines
-            done = max(int(x.split()[1]) for x in lines if x.startswith("done "))
+            # the ring is full (or nearly) after 3-6 batches
+            done = kill_and_reap(zygote, root, trial, rng.randint(3, 6), rng.uniform(0.0, 0.03))
             seeded = random.Random(trial)
             sizes = [seeded.randint(MIN_BATCH, MAX_BATCH) for _ in range(done + 1)]
             storage = MemmapStorage.open(root / "storage")
@@ -253,16 +262,9 @@ def test_sigkill_during_per_step_adds_leaves_whole_items(tmp_path: Path) -> None
         for trial in range(ADD_TRIALS):
             root = tmp_path / f"trial-{trial:02d}"
             root.mkdir()
-            pid = zygote.run(root, seed=trial)
             # the ring is full by then: most adds overwrite live items through the journal
-            wait_for(root, ADD_LOG_EVERY * rng.randint(9, 14), pid)
-            time.sleep(rng.uniform(0.0, 0.02))
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(pid, signal.SIGKILL)
-            status = zygote.reap(pid)
-            lines = read_log(root)
-            assert os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL, lines
-            done = max(int(x.split()[1]) for x in lines if x.startswith("done "))
+            logged = ADD_LOG_EVERY * rng.randint(9, 14)
+            done = kill_and_reap(zygote, root, trial, logged, rng.uniform(0.0, 0.02))
             storage = MemmapStorage.open(root / "storage")
             verdict, _ = check_adds(storage, done)
             counts[verdict] += 1
