@@ -318,9 +318,7 @@ class PrioritizedSampler(Sampler):
         checked on the device: a bad call still changes nothing, and its ``ValueError`` is
         raised by a later call or by :meth:`check_errors` (see the class notes).
         """
-        source = self.data_source
-        # never past the tree's slots, whatever the source claims (the kernels trust it)
-        filled = self.capacity if source is None else min(len(source), self.capacity)
+        filled = self._filled()
         if self._fast and contiguous_cpu_pair(index, priority):
             # the kernel reads the tensors in place (read only: autograd is not involved)
             code, pos, top = _nb_set_priorities_at(
@@ -510,8 +508,7 @@ class PrioritizedSampler(Sampler):
         # the items' slots and priority are right by construction: only the total can fail
         total = self._sum[_sumtree.ROOT].double() + values.sum()
         details = torch.cat([self._no_details, total.reshape(1)])
-        source = self.data_source
-        filled = max(1, self.capacity if source is None else min(len(source), self.capacity))
+        filled = max(1, self._filled())
         good = self._accepts(details, filled)
         self._store(index, values, good)
         if default is not None:
@@ -631,10 +628,15 @@ class PrioritizedSampler(Sampler):
         idx, prio = self._one
         idx[0] = slot
         prio[0] = priority
+        self._set_on_cpu(idx, prio, self._filled())
+
+    def _filled(self) -> int:
+        """Slots that may hold a priority: the source's length, capped at the tree's slots.
+
+        Whatever the source claims, never past the tree: the kernels trust this bound.
+        """
         source = self.data_source
-        self._set_on_cpu(
-            idx, prio, self.capacity if source is None else min(len(source), self.capacity)
-        )
+        return self.capacity if source is None else min(len(source), self.capacity)
 
     def _set_on_cpu(self, idx: np.ndarray, prio: np.ndarray, filled: int) -> None:
         """Validate, transform and store priorities in both CPU trees (one kernel call)."""
