@@ -60,6 +60,21 @@ def _sb3_draw(sb3: Any, batch: int) -> np.ndarray:
     return np.random.randint(0, sb3.buffer_size if sb3.full else sb3.pos, size=batch)
 
 
+def _add_same(
+    buffers: tuple[Any, ...],
+    rng: np.random.Generator,
+    kind: str,
+    n: int,
+    timeouts: bool,
+    steps: int,
+) -> None:
+    """Add the same ``steps`` random steps to each of ``buffers``."""
+    for _ in range(steps):
+        step = _step(rng, *SPACES[kind], n, timeouts)
+        for buffer in buffers:
+            buffer.add(*step)
+
+
 def _assert_same(theirs: Any, ours: Any) -> None:
     for name in FIELDS:
         a, b = getattr(theirs, name), getattr(ours, name)
@@ -120,10 +135,7 @@ class _Normalizer:
 def test_env_normalization_as_sb3() -> None:
     sb3, ours = _both("box", 4, False, False)
     rng = np.random.default_rng(2)
-    for _ in range(4):
-        step = _step(rng, *SPACES["box"], 4, False)
-        sb3.add(*step)
-        ours.add(*step)
+    _add_same((sb3, ours), rng, "box", 4, False, 4)
     _compare(sb3, ours, seed=5, env=_Normalizer())
     assert ours.sample(8, env=_Normalizer()).rewards.dtype == torch.float32
 
@@ -149,19 +161,13 @@ def test_draws_cover_exactly_the_valid_transitions(optimize: bool, n_envs: int) 
 def test_reset_then_refill_matches_sb3() -> None:
     sb3, ours = _both("discrete", 4, True, False)
     rng = np.random.default_rng(4)
-    for _ in range(8):
-        step = _step(rng, *SPACES["discrete"], 4, True)
-        sb3.add(*step)
-        ours.add(*step)
+    _add_same((sb3, ours), rng, "discrete", 4, True, 8)
     sb3.reset()
     ours.reset()
     assert (ours.pos, ours.full, ours.size(), len(ours.storage)) == (0, False, 0, 0)
     with pytest.raises(EmptyBufferError):
         ours.sample(4)
-    for _ in range(2):
-        step = _step(rng, *SPACES["discrete"], 4, True)
-        sb3.add(*step)
-        ours.add(*step)
+    _add_same((sb3, ours), rng, "discrete", 4, True, 2)
     _compare(sb3, ours, seed=6)
 
 
@@ -243,10 +249,7 @@ def test_no_stable_baselines3_or_gymnasium_import_at_runtime() -> None:
 def test_dumps_loads_resume_exactly(tmp_path: Path, optimize: bool, steps: int) -> None:
     sb3, ours = _both("box", 2, False, optimize)
     rng = np.random.default_rng(7)
-    for _ in range(steps):
-        step = _step(rng, *SPACES["box"], 2, False)
-        sb3.add(*step)
-        ours.add(*step)
+    _add_same((sb3, ours), rng, "box", 2, False, steps)
     ours.dumps(tmp_path / "ckpt")
     box, act = SPACES["box"]
     back = ReplayBuffer.loads(
@@ -261,9 +264,7 @@ def test_dumps_loads_resume_exactly(tmp_path: Path, optimize: bool, steps: int) 
     assert (back.buffer_size, back.pos, back.full) == (ours.buffer_size, ours.pos, ours.full)
     _assert_same(ours.sample(32), back.sample(32))  # the generator state was saved too
     _compare(sb3, back, seed=8)
-    step = _step(rng, *SPACES["box"], 2, False)  # and it keeps going like SB3
-    sb3.add(*step)
-    back.add(*step)
+    _add_same((sb3, back), rng, "box", 2, False, 1)  # and it keeps going like SB3
     _compare(sb3, back, seed=9)
     into = _both("box", 2, False, optimize)[1]
     into.load(tmp_path / "ckpt")
@@ -283,10 +284,7 @@ def test_dumps_loads_resume_exactly(tmp_path: Path, optimize: bool, steps: int) 
 def test_memmap_storage_matches_and_reopens(tmp_path: Path) -> None:
     sb3, ours = _both("discrete", 4, True, False, storage="memmap", path=tmp_path / "rb")
     rng = np.random.default_rng(8)
-    for _ in range(9):
-        step = _step(rng, *SPACES["discrete"], 4, True)
-        sb3.add(*step)
-        ours.add(*step)
+    _add_same((sb3, ours), rng, "discrete", 4, True, 9)
     _compare(sb3, ours, seed=10)
     ours.close()
     obs_space, act_space = SPACES["discrete"]
