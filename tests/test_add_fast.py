@@ -39,6 +39,7 @@ LEAVES: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]] = [
     (("small",), (), torch.int8),
     (("pixels",), (2,), torch.uint8),
     (("half",), (), torch.float16),
+    (("image",), (3, 4), torch.uint8),  # more than a few elements: a tensor is read by numpy()
 ]
 
 
@@ -101,12 +102,19 @@ def values_for(shape: tuple[int, ...], dtype: torch.dtype, exact: bool) -> st.Se
             return torch.full(shape, value).to(dtype)
         if kind == "torch-grad":
             return torch.full(shape, value, dtype=torch.float32, requires_grad=True)
+        if kind == "torch-strided":  # a view that is not contiguous
+            return torch.full((*shape, 2), value).to(dtype)[..., 0]
+        if kind == "torch-neg":  # the negative bit set (floating leaves; others exact)
+            t = torch.full(shape, -value).to(dtype)
+            return t._neg_view() if dtype.is_floating_point else t
+        if kind == "torch-sparse":
+            return torch.full(shape, value).to(dtype).to_sparse()
         if kind == "np-wrong-shape":
             return np.zeros((*shape, 2), dtype=np_dtype)
         return np.full(shape, value).astype(np.int32)  # "np-int32"
 
-    good = ["np-exact", "torch-exact", "np-scalar"]
-    bad = ["np-f64", "torch-grad", "np-wrong-shape", "np-int32"]
+    good = ["np-exact", "torch-exact", "np-scalar", "torch-strided", "torch-neg"]
+    bad = ["np-f64", "torch-grad", "np-wrong-shape", "np-int32", "torch-sparse"]
     kinds = st.sampled_from(good if exact else good + bad)
     small = st.integers(0, 100).map(float)
     arrays = st.builds(array, kinds, small)
@@ -377,3 +385,21 @@ def test_small_batches_take_the_fast_path_and_wrap_like_the_general_path(
         for r in (rb, ref):
             if isinstance(r.storage, MemmapStorage):
                 r.storage.close()
+
+
+def test_any_key_string_is_data_never_code() -> None:
+    """The readers are generated per layout: keys are bound as values, never put in source."""
+    keys = ["it's", 'say "hi"', "line\nbreak", "__import__('os').getpid()", "back\\", "ünï", ""]
+    first = {k: torch.zeros(()) for k in keys} | {"sub": {k: torch.zeros(2) for k in keys}}
+    storage = TensorStorage(3)
+    storage.set(0, first)
+    item = {k: np.float32(i) for i, k in enumerate(keys)}
+    item["sub"] = {k: np.full(2, -i, np.float32) for i, k in enumerate(keys)}
+    assert storage._add_fast(1, item)
+    batch = {k: np.full(1, i, np.float32) for i, k in enumerate(keys)}
+    batch["sub"] = {k: np.full((1, 2), -i, np.float32) for i, k in enumerate(keys)}
+    assert storage._extend_fast(2, batch) is not None
+    got = storage[torch.tensor([1, 2])]
+    for i, k in enumerate(keys):
+        assert got[k].tolist() == [i, i]
+        assert got["sub", k].tolist() == [[-i, -i]] * 2

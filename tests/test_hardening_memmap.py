@@ -254,12 +254,16 @@ def test_kill_inside_an_overwrite_leaves_the_batch_whole(
     kill = "os.kill(os.getpid(), signal.SIGKILL)"
     patch = {
         "journal-before-commit": f"_journal.Journal.commit = lambda *a: {kill}",
-        "apply-half-done": (
+        "apply-half-done": (  # the general path applies with _apply, the per-step one _put_rows
             "def apply(self, kind, index, rows, length, nxt, plan):\n"
             "    buf, view = self._buffers[0], plan.tviews[0]\n"
             "    buf[6:8].copy_(view[0:2])\n"
             f"    {kill}\n"
-            "memmap.MemmapStorage._apply = apply"
+            "def put_rows(self, start, n, values):\n"
+            "    self._np_buffers[0][6:8] = values[0][0:2]\n"
+            f"    {kill}\n"
+            "memmap.MemmapStorage._apply = apply\n"
+            "memmap.MemmapStorage._put_rows = put_rows"
         ),
         "before-clear": f"_journal.Journal.clear = lambda self: {kill}",
     }[where]

@@ -13,7 +13,9 @@ zeros) is still read.
 ``journal.bin`` holds at most one transaction: a 64-byte head ``magic, commit, kind, count,
 rows, length, next, payload bytes``, the new rows of every leaf (each segment 64-byte aligned),
 then the slots (``kind`` 0: ``count`` runs ``start, stop``; 1: ``count`` slot indices). The
-``commit`` word (a checksum of everything after it, never 0) is stored last; 0 means empty.
+``commit`` word (a CRC-32 of everything after it, with bit 62 set so that it is never 0) is
+stored last; 0 means empty. A journal written by rbdata before the CRC (magic ``RBDJRN01``:
+the sum of the words) is still read, and takes the new magic once it is empty.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import fcntl
 import mmap
 import os
 import struct
+import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -44,15 +47,21 @@ __all__ = [
 
 HEADER_BYTES = 64
 _MAGIC = int.from_bytes(b"RBDHDR02", "little")
-_JMAGIC = int.from_bytes(b"RBDJRN01", "little")
+_JMAGIC = int.from_bytes(b"RBDJRN02", "little")  # commit word: a CRC-32
+_JMAGIC_SUM = int.from_bytes(b"RBDJRN01", "little")  # commit word: a sum of the words
+_COMMITTED = 1 << 62
 _MASK = (1 << 63) - 1
 _HEAD = 64  # bytes of the journal's head
 _ALIGN = 64
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
+_K_LENGTH, _K_NEXT, _K_SLOT = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B1
+_SLOT_TERMS = (_K_SLOT ^ _MAGIC, (2 * _K_SLOT) ^ _MAGIC)
+
+
 def _check(length: int, nxt: int, slot: int) -> int:
-    x = (length * 0x9E3779B97F4A7C15) ^ (nxt * 0xC2B2AE3D27D4EB4F) ^ ((slot + 1) * 0x165667B1)
+    x = (length * _K_LENGTH) ^ (nxt * _K_NEXT) ^ ((slot + 1) * _K_SLOT)
     return ((x ^ _MAGIC) & _MASK) or 1
 
 
@@ -149,6 +158,7 @@ class Header:
 
     def __init__(self, path: Path, create: bool, private: bool = False) -> None:
         self._mmap: mmap.mmap | None = None
+        self._length_term = (-1, 0)
         self.path = path
         if create:
             _replace(path, encode_header(0, 0))
@@ -179,6 +189,7 @@ class Header:
         """A header in this process's memory only."""
         self = cls.__new__(cls)
         self._mmap, self.path, self.first = None, path, (length, nxt)
+        self._length_term = (-1, 0)
         self._words = memoryview(bytearray(encode_header(length, nxt))).cast("q")
         return self
 
@@ -201,7 +212,11 @@ class Header:
         base = 2 + 3 * slot
         w[base] = length
         w[base + 1] = nxt
-        w[base + 2] = _check(length, nxt, slot)
+        # _check(length, nxt, slot), with the length's term kept from the last publish
+        term = self._length_term
+        if term[0] != length:
+            term = self._length_term = (length, length * _K_LENGTH)
+        w[base + 2] = ((term[1] ^ (nxt * _K_NEXT) ^ _SLOT_TERMS[slot]) & _MASK) or 1
         w[1] = slot
 
     def flush(self) -> None:
@@ -230,17 +245,22 @@ class Plan(NamedTuple):
     """Where a transaction of some number of rows lies in the journal."""
 
     end: int  # end of the payload: the slots follow
+    rows: int  # rows of every leaf
     tviews: list[torch.Tensor]  # one [rows, *shape] tensor per leaf
     nviews: list[np.ndarray | None]  # the same as numpy arrays (None: no numpy dtype)
     numpy: bool  # whether every leaf has a numpy view
     first: list[np.ndarray]  # numpy views of row 0 (when ``numpy``): the one-item path
 
 
-def _checksum(q: memoryview, words: np.ndarray, stop: int) -> int:
-    """The commit word: the sum of the 64-bit words ``[2, stop)`` mod 2**62, with bit 62 set."""
-    # a few items: a Python sum beats numpy's call overhead (and gives the same result)
-    total = sum(q[2:stop]) if stop <= 256 else int(np.add.reduce(words[2:stop], dtype=np.uint64))
-    return (total & ((1 << 62) - 1)) | (1 << 62)
+def _checksum(data: memoryview, stop: int) -> int:
+    """The commit word: the CRC-32 of the 64-bit words ``[2, stop)``, with bit 62 set."""
+    return zlib.crc32(data[16 : 8 * stop]) | _COMMITTED
+
+
+def _sum_checksum(words: np.ndarray, stop: int) -> int:
+    """The commit word of a legacy (``RBDJRN01``) journal: the sum of the words mod 2**62."""
+    total = int(np.add.reduce(words[2:stop], dtype=np.uint64))
+    return (total & (_COMMITTED - 1)) | _COMMITTED
 
 
 def _up(n: int) -> int:
@@ -280,10 +300,13 @@ class Journal:
     # --- mapping -------------------------------------------------------------------------
     def _map(self, size: int) -> None:
         self._plans: dict[int, Plan] = {}
-        self._one_head: Plan | None = None  # the plan whose one-item head words are in place
+        self._run_head: Plan | None = None  # the plan whose one-run head words are in place
+        self._run_crc = memoryview(b"")  # the bytes its commit word covers
         self._mmap = mmap.mmap(self._fd, size)
         self._words = np.frombuffer(self._mmap, dtype=np.uint64)
-        self._q = memoryview(self._mmap).cast("q")
+        self._b = memoryview(self._mmap)
+        self._q = self._b.cast("q")
+        self._legacy = int(self._words[0]) == _JMAGIC_SUM
         self._size = size
 
     def _grow(self, need: int) -> None:
@@ -327,7 +350,7 @@ class Journal:
                 off = _up(off + rows * nbytes)
             numpy = all(v is not None for v in nviews)
             first = [v[0:1].reshape(v.shape[1:]) for v in nviews if v is not None] if numpy else []
-            plan = Plan(off, tviews, nviews, numpy, first)
+            plan = Plan(off, rows, tviews, nviews, numpy, first)
             if len(self._plans) > 8:
                 self._plans.clear()
             self._plans[rows] = plan
@@ -357,7 +380,9 @@ class Journal:
         if plan is None:
             plan = self.plan(rows)
         q = self._q
-        self._one_head = None
+        if self._legacy:
+            self._upgrade()
+        self._run_head = None
         q[2] = kind
         q[3] = nslots // 2 if kind == 0 else nslots
         q[4] = rows
@@ -372,30 +397,88 @@ class Journal:
                 q[i] = v
         return plan
 
-    def begin_one(self, slot: int, length: int, nxt: int, own: bool = False) -> Plan | None:
-        """:meth:`begin` for one item at ``slot``, once its plan exists (else ``None``).
+    def begin_run(
+        self, start: int, stop: int, length: int, nxt: int, own: bool = False
+    ) -> Plan | None:
+        """:meth:`begin` for the slots ``[start, stop)``, once their plan exists (else ``None``).
 
         ``own``: no other process writes this journal, so the head words that this one's
-        last one-item transaction stored are still in place and only the varying ones are
-        written.
+        last one-run transaction of as many rows stored are still in place and only the
+        varying ones are written. Commit with :meth:`commit_run`.
         """
-        plan = self._plans.get(1)
+        plan = self._plans.get(stop - start)
         if plan is None or not plan.numpy or plan.end + 16 > self._size:
             return None
         q = self._q
-        if not own or self._one_head is not plan:  # kind, runs, rows, payload: still there?
-            q[2], q[3], q[4], q[7] = 0, 1, 1, plan.end - _HEAD
-            self._one_head = plan
+        if not own or self._run_head is not plan:  # kind, runs, rows, payload: still there?
+            self._set_run_head(plan)
+        q[5] = length
+        q[6] = nxt
+        i = plan.end >> 3
+        q[i] = start
+        q[i + 1] = stop
+        return plan
+
+    def commit_run(self) -> None:
+        """:meth:`commit` of the transaction :meth:`begin_run` began."""
+        self._q[1] = zlib.crc32(self._run_crc) | _COMMITTED
+
+    def _set_run_head(self, plan: Plan) -> None:
+        """Store the head words of a one-run transaction (kind, runs, rows, payload)."""
+        q = self._q
+        if self._legacy:
+            self._upgrade()
+        q[2], q[3], q[4], q[7] = 0, 1, plan.rows, plan.end - _HEAD
+        self._run_head = plan
+        self._run_crc = self._b[16 : plan.end + 16]  # head words to the end of the two slots
+
+    def _upgrade(self) -> None:
+        """Give an empty legacy journal the current magic (its next commit word is a CRC)."""
+        self._q[0] = _JMAGIC
+        self._legacy = False
+
+    def write_one(
+        self,
+        arrays: list[Any],
+        values: list[Any],
+        slot: int,
+        length: int,
+        nxt: int,
+        header: Header,
+    ) -> bool:
+        """Write one item at ``slot`` of ``arrays`` as a whole transaction; ``False``: not now.
+
+        The crash-atomic one-item write of a process that owns the journal (no other
+        process writes it): the rows go to the journal, the commit word is stored, the rows
+        go to ``arrays``, ``header`` is published (``length, nxt``), the journal is
+        cleared. ``values`` are checked already: each assigns exactly to a row of its
+        array. ``False`` (nothing written) until the one-item plan exists (:meth:`begin`
+        lays it out) or while a transaction is committed.
+        """
+        plan = self._run_head
+        q = self._q
+        if plan is None or plan.rows != 1 or q[1]:
+            plan = self._plans.get(1)
+            if plan is None or not plan.numpy or plan.end + 16 > self._size or q[1]:
+                return False
+            self._set_run_head(plan)
         q[5] = length
         q[6] = nxt
         i = plan.end >> 3
         q[i] = slot
         q[i + 1] = slot + 1
-        return plan
+        for row, value in zip(plan.first, values, strict=True):
+            row[...] = value
+        q[1] = zlib.crc32(self._run_crc) | _COMMITTED  # committed: replayed from here on
+        for arr, value in zip(arrays, values, strict=True):
+            arr[slot] = value
+        header.publish(length, nxt)
+        q[1] = 0
+        return True
 
     def commit(self, plan: Plan, nslots: int) -> None:
         """Store the commit word (the checksum): from now on the transaction is replayed."""
-        self._q[1] = _checksum(self._q, self._words, plan.end // 8 + nslots)
+        self._q[1] = _checksum(self._b, plan.end // 8 + nslots)
 
     def clear(self) -> None:
         """Mark the journal empty (the transaction is applied and published)."""
@@ -419,7 +502,8 @@ class Journal:
         def bad(field: str, value: int, expected: str) -> ValueError:
             return ValueError(f"{where}: journal field {field!r} is {value}, expected {expected}")
 
-        if int(words[0]) != _JMAGIC:
+        magic = int(words[0])
+        if magic not in (_JMAGIC, _JMAGIC_SUM):
             raise ValueError(f"{where}: not a MemmapStorage journal (bad magic); corrupt")
         if kind not in (0, 1):
             raise bad("kind", kind, "0 or 1")
@@ -435,7 +519,9 @@ class Journal:
         nslots = 2 * count if kind == 0 else count
         if not 0 <= count <= rows or end + 8 * nslots > self._size:
             raise bad("count", count, f"at most {rows} within the file")
-        if self._q[1] != _checksum(self._q, words, end // 8 + nslots):
+        stop = end // 8 + nslots
+        check = _checksum(self._b, stop) if magic == _JMAGIC else _sum_checksum(words, stop)
+        if self._q[1] != check:
             raise ValueError(f"{where}: committed journal checksum mismatch; corrupt")
         slots = words[end // 8 : end // 8 + nslots].view(np.int64)
         if kind == 0:
@@ -493,7 +579,8 @@ def read_orphan(path: Path, layout: Layout, capacity: int) -> tuple[Any, ...] | 
     journal._fd, journal._size, journal._plans = -1, size, {}
     journal._mmap = data  # type: ignore[assignment]
     journal._words = np.frombuffer(data, dtype=np.uint64)
-    journal._q = memoryview(data).cast("q")
+    journal._b = memoryview(data)
+    journal._q = journal._b.cast("q")
     if not journal.committed:
         return None
     return journal.read()

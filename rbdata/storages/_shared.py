@@ -63,9 +63,12 @@ class SharedState:
         """Items committed so far, by every process (monotonic)."""
         return self._words[1]
 
-    def add_writes(self, n: int) -> None:
-        """Count ``n`` committed items (under :meth:`lock` when shared)."""
-        self._words[1] += n
+    def count(self, n: int) -> int:
+        """Count ``n`` committed items (under :meth:`lock` when shared); return the count before."""
+        w = self._words
+        before = w[1]
+        w[1] = before + n
+        return before
 
     def lock(self) -> None:
         """Take the exclusive write lock (blocks while another process holds it)."""

@@ -334,7 +334,8 @@ class Storage(Dataset[Any]):
         Storages with numpy views of their buffers take an item whose leaves already match
         the layout (see ``rbdata/storages/_unpack.py``): ``check(slot, item)``, if given,
         runs before anything is written. ``False``: nothing was done, the item goes through
-        :meth:`prepare` and :meth:`commit` (which validate, convert and raise).
+        :meth:`prepare` and :meth:`commit` (which validate, convert and raise). A
+        :attr:`shared` storage always says ``False``: its writers take slots under the lock.
         """
         del slot, item, check
         return False

@@ -442,9 +442,7 @@ class MemmapStorage(TensorStorage):
             else:
                 self._write(index, prepared.payload)
             header.publish(new_length, new_next)
-        state = self._state  # counted after the header is published
-        before = state.writes
-        state.add_writes(rows)
+        before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
 
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
@@ -458,28 +456,22 @@ class MemmapStorage(TensorStorage):
         length = header.length
         top = slot + 1
         new_length = top if top > length else length
-        nxt = top if top < self.capacity else 0
+        nxt = top if top < self._capacity else 0
         arrays: list[Any] = self._np_buffers  # type: ignore[assignment]  # set with _unpack
         if slot < length and not self._private:  # an overwrite: through the journal
-            journal = self._ready_journal()
-            plan = journal.begin_one(slot, new_length, nxt, own=True)
-            if plan is None:  # the first one-item transaction: lay its plan out
-                plan = journal.begin(0, [slot, top], 1, new_length, nxt)
-            rows = plan.first
-            for row, value in zip(rows, values, strict=True):
-                row[...] = value
-            journal.commit(plan, 2)
-            for arr, row in zip(arrays, rows, strict=True):
-                arr[slot] = row
-            header.publish(new_length, nxt)
-            journal.clear()
+            journal = self._journal
+            if journal is None or not journal.write_one(
+                arrays, values, slot, new_length, nxt, header
+            ):  # the first one (or after a failed write): lay the one-item plan out
+                journal = self._ready_journal()
+                journal.begin(0, [slot, top], 1, new_length, nxt)
+                written = journal.write_one(arrays, values, slot, new_length, nxt, header)
+                assert written, "the one-item plan exists and nothing is committed"
         else:
             for arr, value in zip(arrays, values, strict=True):
                 arr[slot] = value
             header.publish(new_length, nxt)
-        state = self._state
-        before = state.writes
-        state.add_writes(1)
+        before = self._state.count(1)
         self._last_write = (before, before + 1)
         return True
 
@@ -491,28 +483,34 @@ class MemmapStorage(TensorStorage):
         if got is None:
             return None
         values, n, index = got
-        header, cap = self._header, self.capacity
+        header, cap = self._header, self._capacity
         length = header.length
         end = start + n
         new_length = max(length, min(end, cap))
         nxt = end % cap
         live = start < length or (end > cap and length > 0)
         if live and not self._private:  # overwrites: through the journal
-            journal = self._ready_journal()
-            runs = ring_runs(start, n, cap)
-            slots = [v for run in runs for v in (run.start, run.stop)]
-            plan = journal.begin(0, slots, n, new_length, nxt)
+            journal = self._journal
+            if journal is None or journal.committed:
+                journal = self._ready_journal()
+            plan = journal.begin_run(start, end, new_length, nxt, own=True) if end <= cap else None
+            slots: list[int] = []
+            if plan is None:  # the first batch of n rows, or one that wraps (two runs)
+                slots = [v for run in ring_runs(start, n, cap) for v in (run.start, run.stop)]
+                plan = journal.begin(0, slots, n, new_length, nxt)
             for nview, value in zip(plan.nviews, values, strict=True):
                 nview[...] = value  # type: ignore[index]
-            journal.commit(plan, len(slots))
-            self._apply(0, runs, n, new_length, nxt, plan)
+            if slots:
+                journal.commit(plan, len(slots))
+            else:
+                journal.commit_run()
+            self._put_rows(start, n, values)  # the rows the journal holds
+            header.publish(new_length, nxt)
             journal.clear()
         else:
             self._put_rows(start, n, values)
             header.publish(new_length, nxt)
-        state = self._state
-        before = state.writes
-        state.add_writes(n)
+        before = self._state.count(n)
         self._last_write = (before, before + n)
         return index
 
@@ -536,9 +534,9 @@ class MemmapStorage(TensorStorage):
         journal = self._ready_journal()
         arrays = self._np_buffers
         if type(index) is int and arrays is not None:  # one item (add): the numpy path
-            plan1 = journal.begin_one(index, length, nxt)
+            plan1 = journal.begin_run(index, index + 1, length, nxt)
             if plan1 is not None and self._fast_one(payload, plan1):
-                journal.commit(plan1, 2)
+                journal.commit_run()
                 for arr, row in zip(arrays, plan1.first, strict=True):
                     arr[index] = row
                 self._header.publish(length, nxt)

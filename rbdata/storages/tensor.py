@@ -184,12 +184,14 @@ class TensorStorage(Storage):
         if unpacker is None or self._closed:
             return None
         got = unpacker.unpack_batch(data)
-        if got is None or got[1] > self.capacity:  # too big: the general path says so
+        cap = self._capacity
+        if got is None or got[1] > cap:  # too big: the general path says so
             return None
         values, n = got
-        index = torch.arange(start, start + n)
-        if start + n > self.capacity:
-            index.remainder_(self.capacity)
+        slots = np.arange(start, start + n)  # numpy's arange + from_numpy: half torch's cost
+        if start + n > cap:
+            np.remainder(slots, cap, out=slots)
+        index = torch.from_numpy(slots)
         if check is not None:
             check(index, data)
         return values, n, index

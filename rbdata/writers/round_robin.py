@@ -57,14 +57,13 @@ class RoundRobinWriter(Writer):
 
         ``check(slot, item)``, if given, runs after validation and before the write.
         """
-        if not storage.shared:
-            slot = self._cursor
-            if slot is None:
-                slot = self._start(storage)
-            if storage._add_fast(slot, item, check):  # the per-step path (see Storage)
-                nxt = slot + 1
-                self._cursor = nxt if nxt < storage.capacity else 0
-                return slot
+        slot = self._cursor
+        if slot is None:
+            slot = self._start(storage)
+        if storage._add_fast(slot, item, check):  # the per-step path (a shared storage: never)
+            nxt = slot + 1
+            self._cursor = nxt if nxt < storage.capacity else 0
+            return slot
         prepared = storage.prepare(item, batched=False)
         if storage.shared:
             with storage.write_lock():
@@ -86,14 +85,13 @@ class RoundRobinWriter(Writer):
 
         ``check(slots, data)``, if given, runs after validation and before the write.
         """
-        if not storage.shared:
-            start = self._cursor
-            if start is None:
-                start = self._start(storage)
-            index = storage._extend_fast(start, data, check)  # small batches (see Storage)
-            if index is not None:
-                self._cursor = (start + index.shape[0]) % storage.capacity
-                return index
+        start = self._cursor
+        if start is None:
+            start = self._start(storage)
+        index = storage._extend_fast(start, data, check)  # small batches (a shared storage: never)
+        if index is not None:
+            self._cursor = (start + index.shape[0]) % storage.capacity
+            return index
         prepared = storage.prepare(data, batched=True)
         n, capacity = prepared.n, storage.capacity
         if n > capacity:
