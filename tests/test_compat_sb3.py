@@ -367,7 +367,7 @@ def test_prioritized_checkpoint_keeps_priorities(tmp_path: Path) -> None:
     assert torch.equal(a.indices, b.indices) and torch.equal(a.weights, b.weights)
 
 
-# --- the fast path (numpy rows into a TensorStorage) against the reference path (commit) -------
+# --- the fast path (per-step row writes) against the reference path (commit) -----------------
 @pytest.mark.parametrize("n_envs", [1, 4])
 @pytest.mark.parametrize(
     "timeouts,optimize", [(True, False), (False, True)], ids=["timeouts", "optimize"]
@@ -375,19 +375,31 @@ def test_prioritized_checkpoint_keeps_priorities(tmp_path: Path) -> None:
 def test_fast_writes_leave_the_storage_as_commits_do(
     tmp_path: Path, n_envs: int, timeouts: bool, optimize: bool
 ) -> None:
-    _, fast = _both("discrete", n_envs, timeouts, optimize)
-    _, slow = _both("discrete", n_envs, timeouts, optimize, storage="memmap", path=tmp_path / "m")
-    assert fast._writer._fast and not slow._writer._fast
+    """TensorStorage and MemmapStorage on the fast path, a MemmapStorage through ``commit``."""
+    _, tensor = _both("discrete", n_envs, timeouts, optimize)
+    _, memmap = _both("discrete", n_envs, timeouts, optimize, storage="memmap", path=tmp_path / "m")
+    _, ref = _both("discrete", n_envs, timeouts, optimize, storage="memmap", path=tmp_path / "r")
+    ref._writer.attach(ref._storage, fast=False)
+    assert tensor._writer._fast and memmap._writer._fast and not ref._writer._fast
     rng = np.random.default_rng(13)
     for t in range(15):
         step = _step(rng, *SPACES["discrete"], n_envs, timeouts)
-        fast.add(*step)
-        slow.add(*step)
+        for buf in (tensor, memmap, ref):
+            buf.add(*step)
         if t in (0, 3, 5, 6, 9, 14):
-            a, b = fast.storage, slow.storage
-            assert (len(a), a.next_slot) == (len(b), b.next_slot)
-            assert all(torch.equal(x, y) for x, y in zip(a.buffers, b.buffers, strict=True))
-    slow.close()
+            want = ref.storage
+            for got in (tensor.storage, memmap.storage):
+                assert (len(got), got.next_slot) == (len(want), want.next_slot)
+                assert all(
+                    torch.equal(x, y) for x, y in zip(got.buffers, want.buffers, strict=True)
+                )
+    for buf in (memmap, ref):
+        buf.close()
+    want = tensor.storage
+    reopened = MemmapStorage.open(tmp_path / "m")  # what the journal and header left on disk
+    assert (len(reopened), reopened.next_slot) == (len(want), want.next_slot)
+    assert all(torch.equal(x, y) for x, y in zip(reopened.buffers, want.buffers, strict=True))
+    reopened.close()
 
 
 def test_prioritized_matches_an_rbdata_buffer_fed_step_by_step() -> None:

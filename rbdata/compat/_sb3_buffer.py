@@ -145,16 +145,11 @@ class ReplayBuffer:
         self._writer.attach(storage)
 
     def _sync(self) -> None:
-        """Bring the storage's bookkeeping (length, next slot) up to date with ``add``."""
-        self._writer.sync(self._storage, self.pos, self.full)
+        """Hook before the storage or sampler is read (the prioritized buffer's priorities)."""
 
     @property
     def storage(self) -> Storage:
-        """The rbdata storage, one item per ``(slot, env)`` at ``slot * n_envs + env``.
-
-        Its length and next slot are current when read through this property (``add`` on a
-        CPU :class:`~rbdata.storages.TensorStorage` updates them lazily).
-        """
+        """The rbdata storage, one item per ``(slot, env)`` at ``slot * n_envs + env``."""
         self._sync()
         return self._storage
 
@@ -166,7 +161,7 @@ class ReplayBuffer:
         return self._rb
 
     def __getstate__(self) -> dict[str, Any]:
-        self._sync()  # the storage's bookkeeping travels with it
+        self._sync()  # pending priorities reach the sampler first
         return self.__dict__.copy()
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -9,11 +9,11 @@ Then one of two paths writes them:
   :class:`~rbdata.storages.base.Prepared` that :meth:`~rbdata.storages.Storage.commit` writes,
   keeping the storage's length and next slot (and, for a
   :class:`~rbdata.storages.MemmapStorage`, its crash-atomic journal);
-- the fast path, for a CPU :class:`~rbdata.storages.TensorStorage` once its memory is
-  allocated: one numpy row assignment per leaf into the storage's
-  :attr:`~rbdata.storages.TensorStorage.buffers` (what SB3 itself does), with the
-  storage's length and next slot brought up to date lazily by :meth:`StepWriter.sync`
-  (re-committing the last written slot with its own rows) before anything reads them.
+- the fast path, for a CPU :class:`~rbdata.storages.TensorStorage` or a
+  :class:`~rbdata.storages.MemmapStorage` not shared between processes, once its memory is
+  allocated: the staging arrays, already of the layout's dtypes and shapes, go to the
+  storage's per-step row write (one numpy slice assignment per leaf, what SB3 itself does;
+  through the journal over live slots of a memmap), which keeps the length and next slot.
 
 ``tests/test_compat_sb3.py`` checks that both paths leave identical storages.
 """
@@ -93,12 +93,12 @@ class StepWriter:
         self._blank = self._prepared(blank) if next_in_slot else None
         self._leaf_of = {leaf.key: i for i, leaf in enumerate(self.layout.leaves)}
         leaves = self.layout.leaves
-        self._stage_rows = [stage[leaf.key] for leaf in leaves]
-        self._blank_rows = [blank[leaf.key] for leaf in leaves] if next_in_slot else []
-        #: ``[n_slots, n_envs, ...]`` numpy views of the storage's leaves (fast path) or None
-        self._views: list[np.ndarray[Any, Any]] | None = None
-        #: slots written on the fast path since the storage's bookkeeping was last updated
-        self.stale = False
+        # one step in layout order for the fast path: [n_envs, ...] per leaf, and with one env
+        # the item's row views ([0, ...]) that a one-item write takes
+        rows = [stage[leaf.key] for leaf in leaves]
+        self._stage_rows = rows if n_envs > 1 else [r[0, ...] for r in rows]
+        rows = [blank[leaf.key] for leaf in leaves] if next_in_slot else []
+        self._blank_rows = rows if n_envs > 1 else [r[0, ...] for r in rows]
         self._fast = False
 
     def __getstate__(self) -> dict[str, Any]:
@@ -145,37 +145,9 @@ class StepWriter:
 
     def attach(self, storage: Storage, *, fast: bool = True) -> None:
         """Write into ``storage`` from now on (the fast path if it allows and ``fast``)."""
-        self.stale = False
-        self._views = None
-        eligible = type(storage) is TensorStorage and storage.device.type == "cpu"
-        self._fast = fast and eligible
-        if self._fast and storage.layout is not None:
-            self._views = [
-                b.numpy().reshape(self.n_slots, self.n_envs, *b.shape[1:])
-                for b in storage.buffers  # type: ignore[attr-defined]
-            ]
-
-    def sync(self, storage: Storage, pos: int, full: bool) -> None:
-        """Bring the storage's length and next slot up to date after fast-path writes."""
-        if not self.stale:
-            return
-        last = pos if self.next_in_slot else (pos - 1) % self.n_slots
-        if full and len(storage) < self.capacity:
-            self._recommit(storage, self.n_slots - 1)  # the ring went round: all slots live
-        self._recommit(storage, last)
-        self.stale = False
-
-    def _recommit(self, storage: Storage, slot: int) -> None:
-        """Commit slot ``slot`` with its own rows (only the bookkeeping changes)."""
-        n = self.n_envs
-        bufs = storage.buffers  # type: ignore[attr-defined]
-        if n == 1:
-            rows = [b[slot].clone() for b in bufs]
-            storage.commit(slot, Prepared(rows, 1, self.layout, False))
-        else:
-            runs = [slice(slot * n, slot * n + n)]
-            rows = [b[runs[0]].clone() for b in bufs]
-            storage.commit(runs, Prepared(rows, n, self.layout, True))
+        kind = type(storage)
+        self._fast = fast and kind in (TensorStorage, MemmapStorage) and not storage.shared
+        self._fast = self._fast and storage.device.type == "cpu"
 
     def position(self, storage: Storage) -> tuple[int, bool]:
         """SB3's ``(pos, full)`` read from the storage's length and next slot."""
@@ -230,19 +202,19 @@ class StepWriter:
             raise _shape_error("done", (self.n_envs,), done, err) from None
         if self.timeouts:
             self._truncated[...] = self._timeouts(infos)
-        views = self._views
-        if views is not None:  # the fast path: SB3's own row assignments
-            for view, row in zip(views, self._stage_rows, strict=True):
-                view[pos] = row
+        # the fast path (False before the first commit allocated the storage's memory)
+        if self._fast and self._write_fast(storage, pos, self._stage_rows):
             if self.next_in_slot:
-                nxt = (pos + 1) % self.n_slots
-                for view, row in zip(views, self._blank_rows, strict=True):
-                    view[nxt] = row
-            self.stale = True
+                self._write_fast(storage, (pos + 1) % self.n_slots, self._blank_rows)
             return
         self._commit(storage, pos)
-        if self._fast:  # the first commit allocated the storage: take its views
-            self.attach(storage)
+
+    def _write_fast(self, storage: Any, pos: int, rows: list[np.ndarray[Any, Any]]) -> bool:
+        """The step's rows at slot ``pos`` through the storage's per-step row write."""
+        n = self.n_envs
+        if n == 1:
+            return bool(storage._write_row(pos, rows))
+        return bool(storage._write_rows(pos * n, n, rows))
 
     def _commit(self, storage: Storage, pos: int) -> None:
         n = self.n_envs

@@ -447,17 +447,20 @@ class MemmapStorage(TensorStorage):
 
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One item through numpy row writes (journaled over a live slot), if it matches."""
-        if self._shared:
+        if self._shared:  # writers reserve slots under the lock: the general path
             return False
-        values = self._unpack_item(slot, item, check)
-        if values is None:
+        return super()._add_fast(slot, item, check)
+
+    def _write_row(self, slot: int, values: list[Any]) -> bool:
+        """:meth:`TensorStorage._write_row`, crash-atomic (journaled over a live slot)."""
+        arrays = self._np_buffers
+        if self._shared or arrays is None or self._closed:
             return False
         header = self._header
         length = header.length
         top = slot + 1
         new_length = top if top > length else length
         nxt = top if top < self._capacity else 0
-        arrays: list[Any] = self._np_buffers  # type: ignore[assignment]  # set with _unpack
         if slot < length and not self._private:  # an overwrite: through the journal
             journal = self._journal
             if journal is None or not journal.write_one(
@@ -477,12 +480,14 @@ class MemmapStorage(TensorStorage):
 
     def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
         """A batch through numpy slice writes (journaled over live slots), if it matches."""
-        if self._shared:
+        if self._shared:  # writers reserve slots under the lock: the general path
             return None
-        got = self._unpack_batch(start, data, check)
-        if got is None:
-            return None
-        values, n, index = got
+        return super()._extend_fast(start, data, check)
+
+    def _write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """:meth:`TensorStorage._write_rows`, crash-atomic (journaled over live slots)."""
+        if self._shared or self._np_buffers is None or self._closed:
+            return False
         header, cap = self._header, self._capacity
         length = header.length
         end = start + n
@@ -512,7 +517,7 @@ class MemmapStorage(TensorStorage):
             header.publish(new_length, nxt)
         before = self._state.count(n)
         self._last_write = (before, before + n)
-        return index
+        return True
 
     def _ready_journal(self) -> Journal:
         """The journal, created on first use, with any transaction a dead writer left applied."""

@@ -168,12 +168,25 @@ class TensorStorage(Storage):
         values = self._unpack_item(slot, item, check)
         if values is None:
             return False
-        for arr, value in zip(self._np_buffers, values, strict=True):  # type: ignore[arg-type]
+        written = self._write_row(slot, values)
+        assert written, "an unpacker implies numpy buffers"
+        return True
+
+    def _write_row(self, slot: int, values: list[Any]) -> bool:
+        """Write one checked item at ``slot``: :meth:`_write_rows` of one row per leaf.
+
+        ``values``: one value per leaf in layout order that a numpy row assignment stores
+        exactly (see ``rbdata/storages/_unpack.py``). ``False``: nothing written.
+        """
+        arrays = self._np_buffers
+        if arrays is None or self._closed:
+            return False
+        for arr, value in zip(arrays, values, strict=True):
             arr[slot] = value
         top = slot + 1
         if top > self._length:
             self._length = top
-        self._next = top if top < self.capacity else 0
+        self._next = top if top < self._capacity else 0
         return True
 
     def _unpack_batch(
@@ -216,11 +229,24 @@ class TensorStorage(Storage):
         if got is None:
             return None
         values, n, index = got
+        written = self._write_rows(start, n, values)
+        assert written, "an unpacker implies numpy buffers"
+        return index
+
+    def _write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """Write ``n`` checked rows per leaf at the ring slots from ``start``.
+
+        ``values``: one numpy array (or tensor view) per leaf in layout order, of the leaf's
+        dtype and shape ``[n, *item_shape]``; ``n`` at most the capacity. ``False``: the
+        storage takes no numpy rows now (no layout yet, closed, on a GPU); nothing written.
+        """
+        if self._np_buffers is None or self._closed:
+            return False
         top = self._put_rows(start, n, values)
         if top > self._length:
             self._length = top
-        self._next = (start + n) % self.capacity
-        return index
+        self._next = (start + n) % self._capacity
+        return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         arrays = self._np_buffers
