@@ -445,19 +445,19 @@ class Journal:
         length: int,
         nxt: int,
         header: Header,
+        own: bool = True,
     ) -> bool:
         """Write one item at ``slot`` of ``arrays`` as a whole transaction; ``False``: not now.
 
-        The crash-atomic one-item write of a process that owns the journal (no other
-        process writes it): the rows go to the journal, the commit word is stored, the rows
-        go to ``arrays``, ``header`` is published (``length, nxt``), the journal is
-        cleared. ``values`` are checked already: each assigns exactly to a row of its
-        array. ``False`` (nothing written) until the one-item plan exists (:meth:`begin`
-        lays it out) or while a transaction is committed.
+        The crash-atomic one-item write: the rows go to the journal, the commit word is
+        stored, the rows go to ``arrays``, ``header`` is published (``length, nxt``), the
+        journal is cleared. ``values`` are checked already: each assigns exactly to a row of
+        its array. ``own`` as in :meth:`begin_run`. ``False`` (nothing written) until the
+        one-item plan exists (:meth:`begin` lays it out) or while a transaction is committed.
         """
         plan = self._run_head
         q = self._q
-        if plan is None or plan.rows != 1 or q[1]:
+        if not own or plan is None or plan.rows != 1 or q[1]:
             plan = self._plans.get(1)
             if plan is None or not plan.numpy or plan.end + 16 > self._size or q[1]:
                 return False

@@ -539,13 +539,11 @@ class MemmapStorage(TensorStorage):
         journal = self._ready_journal()
         arrays = self._np_buffers
         if type(index) is int and arrays is not None:  # one item (add): the numpy path
-            plan1 = journal.begin_run(index, index + 1, length, nxt)
-            if plan1 is not None and self._fast_one(payload, plan1):
-                journal.commit_run()
-                for arr, row in zip(arrays, plan1.first, strict=True):
-                    arr[index] = row
-                self._header.publish(length, nxt)
-                journal.clear()
+            values = _numpy_views(payload)
+            own = not self._shared  # shared: another process may have written the journal
+            if values is not None and journal.write_one(
+                arrays, values, index, length, nxt, self._header, own=own
+            ):
                 return
         slots: list[int] | torch.Tensor
         target: list[slice] | torch.Tensor
@@ -571,16 +569,6 @@ class MemmapStorage(TensorStorage):
         journal.commit(plan, len(slots))
         self._apply(kind, target, rows, length, nxt, plan)
         journal.clear()
-
-    @staticmethod
-    def _fast_one(payload: list[Any], plan: Plan) -> bool:
-        """Pack one item into the journal through numpy (``False``: take the torch path)."""
-        try:
-            for row, t in zip(plan.first, payload, strict=True):
-                row[...] = t.numpy()
-        except (RuntimeError, TypeError, AttributeError, ValueError):  # grad, CUDA, conj...
-            return False
-        return True
 
     def _apply(
         self,
@@ -631,3 +619,11 @@ class MemmapStorage(TensorStorage):
                     file.unlink()
             raise
         self._layout = None  # the base sets it once _allocate returned
+
+
+def _numpy_views(payload: list[Any]) -> list[Any] | None:
+    """Numpy views of one prepared item's tensors (``None``: one needs the torch path)."""
+    try:
+        return [t.numpy() for t in payload]
+    except (RuntimeError, TypeError, AttributeError):  # grad, CUDA, a conjugate bit...
+        return None
