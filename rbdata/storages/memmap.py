@@ -445,12 +445,6 @@ class MemmapStorage(TensorStorage):
         before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
 
-    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
-        """One item through numpy row writes (journaled over a live slot), if it matches."""
-        if self._shared:  # writers reserve slots under the lock: the general path
-            return False
-        return super()._add_fast(slot, item, check)
-
     def _write_row(self, slot: int, values: list[Any]) -> bool:
         """:meth:`TensorStorage._write_row`, crash-atomic (journaled over a live slot)."""
         arrays = self._np_buffers
@@ -477,12 +471,6 @@ class MemmapStorage(TensorStorage):
         before = self._state.count(1)
         self._last_write = (before, before + 1)
         return True
-
-    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
-        """A batch through numpy slice writes (journaled over live slots), if it matches."""
-        if self._shared:  # writers reserve slots under the lock: the general path
-            return None
-        return super()._extend_fast(start, data, check)
 
     def _write_rows(self, start: int, n: int, values: list[Any]) -> bool:
         """:meth:`TensorStorage._write_rows`, crash-atomic (journaled over live slots)."""

@@ -66,6 +66,8 @@ class TensorStorage(Storage):
         (4, [[6.0, 7.0], [0.0, 1.0]])
     """
 
+    _shared = False  # True for a MemmapStorage other processes write: no per-step path then
+
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         super().__init__(max_size, device)
         resolve_device(self.device)  # refused here, at construction, if it cannot hold data
@@ -153,24 +155,17 @@ class TensorStorage(Storage):
         for buf, t in zip(self._buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
 
-    def _unpack_item(self, slot: int, item: Any, check: Any) -> list[Any] | None:
-        """One item's leaves for numpy row writes at ``slot`` (``check`` passed), or ``None``."""
-        unpack = self._unpack
-        if unpack is None or self._closed:
-            return None
-        values = unpack(item)
-        if values is not None and check is not None:
-            check(slot, item)
-        return values
-
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One item through numpy row writes, if its leaves match the layout exactly."""
-        values = self._unpack_item(slot, item, check)
+        unpack = self._unpack
+        if unpack is None or self._shared or self._closed:
+            return False
+        values = unpack(item)
         if values is None:
             return False
-        written = self._write_row(slot, values)
-        assert written, "an unpacker implies numpy buffers"
-        return True
+        if check is not None:
+            check(slot, item)
+        return self._write_row(slot, values)  # True: an unpacker implies numpy buffers
 
     def _write_row(self, slot: int, values: list[Any]) -> bool:
         """Write one checked item at ``slot``: :meth:`_write_rows` of one row per leaf.
@@ -194,7 +189,7 @@ class TensorStorage(Storage):
     ) -> tuple[list[Any], int, torch.Tensor] | None:
         """A small batch's leaves, size and ring slots from ``start`` (``check`` passed)."""
         unpacker = self._unpacker
-        if unpacker is None or self._closed:
+        if unpacker is None or self._shared or self._closed:
             return None
         got = unpacker.unpack_batch(data)
         cap = self._capacity
@@ -229,9 +224,7 @@ class TensorStorage(Storage):
         if got is None:
             return None
         values, n, index = got
-        written = self._write_rows(start, n, values)
-        assert written, "an unpacker implies numpy buffers"
-        return index
+        return index if self._write_rows(start, n, values) else None  # an unpacker: written
 
     def _write_rows(self, start: int, n: int, values: list[Any]) -> bool:
         """Write ``n`` checked rows per leaf at the ring slots from ``start``.
