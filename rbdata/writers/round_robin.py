@@ -58,9 +58,9 @@ class RoundRobinWriter(Writer):
         ``check(slot, item)``, if given, runs after validation and before the write.
         """
         slot = self._cursor
-        if slot is None:
+        if slot is None and not storage.shared:  # shared: read under the lock (below)
             slot = self._start(storage)
-        if storage._add_fast(slot, item, check):  # the per-step path (a shared storage: never)
+        if slot is not None and storage._add_fast(slot, item, check):  # the per-step path
             nxt = slot + 1
             self._cursor = nxt if nxt < storage.capacity else 0
             return slot
@@ -86,12 +86,13 @@ class RoundRobinWriter(Writer):
         ``check(slots, data)``, if given, runs after validation and before the write.
         """
         start = self._cursor
-        if start is None:
+        if start is None and not storage.shared:  # shared: read under the lock (below)
             start = self._start(storage)
-        index = storage._extend_fast(start, data, check)  # small batches (a shared storage: never)
-        if index is not None:
-            self._cursor = (start + index.shape[0]) % storage.capacity
-            return index
+        if start is not None:  # small batches: the per-step path (never for a shared storage)
+            index = storage._extend_fast(start, data, check)
+            if index is not None:
+                self._cursor = (start + index.shape[0]) % storage.capacity
+                return index
         prepared = storage.prepare(data, batched=True)
         n, capacity = prepared.n, storage.capacity
         if n > capacity:
