@@ -27,7 +27,7 @@ from tensordict import TensorDict
 
 from rbdata._layout import TENSOR, Layout, Leaf, nest
 
-__all__ = ["ItemUnpacker"]
+__all__ = ["ItemUnpacker", "numpy_views"]
 
 _INT64 = (-(2**63), 2**63 - 1)
 
@@ -305,7 +305,6 @@ class ItemUnpacker:
     """
 
     def __init__(self, layout: Layout, specs: list[_Spec]) -> None:
-        self.size = len(specs)
         self.unpack: Any = _compile(layout, specs, batch=False)
         """``unpack(item)``: the leaves of ``item`` in layout order, or ``None``."""
         self.unpack_batch: Any = _compile(layout, specs, batch=True)
@@ -327,3 +326,11 @@ class ItemUnpacker:
         if not specs:
             return None
         return cls(layout, specs)
+
+
+def numpy_views(payload: list[Any]) -> list[Any] | None:
+    """Numpy views of one prepared item's tensors (``None``: one needs the torch path)."""
+    try:
+        return [t.numpy() for t in payload]
+    except (RuntimeError, TypeError, AttributeError):  # grad, CUDA, a conjugate bit...
+        return None

@@ -69,6 +69,7 @@ from rbdata.storages._memmap_files import (
     read_layout,
 )
 from rbdata.storages._shared import SharedState
+from rbdata.storages._unpack import numpy_views
 from rbdata.storages.base import Prepared
 from rbdata.storages.tensor import TensorStorage
 
@@ -527,7 +528,7 @@ class MemmapStorage(TensorStorage):
         journal = self._ready_journal()
         arrays = self._np_buffers
         if type(index) is int and arrays is not None:  # one item (add): the numpy path
-            values = _numpy_views(payload)
+            values = numpy_views(payload)
             own = not self._shared  # shared: another process may have written the journal
             if values is not None and journal.write_one(
                 arrays, values, index, length, nxt, self._header, own=own
@@ -607,11 +608,3 @@ class MemmapStorage(TensorStorage):
                     file.unlink()
             raise
         self._layout = None  # the base sets it once _allocate returned
-
-
-def _numpy_views(payload: list[Any]) -> list[Any] | None:
-    """Numpy views of one prepared item's tensors (``None``: one needs the torch path)."""
-    try:
-        return [t.numpy() for t in payload]
-    except (RuntimeError, TypeError, AttributeError):  # grad, CUDA, a conjugate bit...
-        return None

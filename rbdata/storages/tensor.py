@@ -10,7 +10,7 @@ import torch
 
 from rbdata._device import resolve_device
 from rbdata._layout import Layout
-from rbdata.storages._unpack import ItemUnpacker
+from rbdata.storages._unpack import ItemUnpacker, numpy_views
 from rbdata.storages.base import Prepared, Storage
 
 __all__ = ["TensorStorage"]
@@ -243,13 +243,11 @@ class TensorStorage(Storage):
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         arrays = self._np_buffers
-        if arrays is not None:
-            try:
-                for arr, t in zip(arrays, payload, strict=True):
-                    arr[index] = t.numpy()
-                return
-            except (RuntimeError, TypeError):  # grad, conj bit, CUDA source...: torch path
-                pass
+        values = None if arrays is None else numpy_views(payload)
+        if values is not None:
+            for arr, value in zip(arrays, values, strict=True):  # type: ignore[arg-type]
+                arr[index] = value
+            return
         for buf, t in zip(self._buffers, payload, strict=True):
             buf[index] = t
 
