@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-__all__ = ["HAS_NUMBA", "voidptr"]
+__all__ = ["HAS_NUMBA", "fence", "voidptr"]
 
 try:  # pragma: no cover - exercised by whichever environment runs the tests
     from numba.core import cgutils, types
@@ -23,6 +23,7 @@ except ImportError:  # pragma: no cover
     HAS_NUMBA = False
 
 voidptr: Any = None
+fence: Any = None
 if HAS_NUMBA:
 
     def _voidptr(typingctx: Any, address: Any) -> Any:  # pragma: no cover
@@ -34,3 +35,14 @@ if HAS_NUMBA:
     # An integer address as a ``void*``, for ``numba.carray`` inside njit functions: a
     # ``.numpy()`` view per argument costs ~0.8 us and slows the kernel that follows.
     voidptr = intrinsic(_voidptr)
+
+    def _fence(typingctx: Any) -> Any:  # pragma: no cover
+        def codegen(context: Any, builder: Any, signature: Any, args: Any) -> Any:
+            builder.fence("seq_cst")
+            return context.get_dummy_value()
+
+        return types.none(), codegen
+
+    # A full memory fence: no load or store moves across it, in the compiler or the CPU. The
+    # crash-atomic writes (a SIGKILL at any instruction) need program order between phases.
+    fence = intrinsic(_fence)

@@ -41,11 +41,14 @@ LEAVES: list[tuple[tuple[str, ...], tuple[int, ...], torch.dtype]] = [
     (("half",), (), torch.float16),
     (("image",), (3, 4), torch.uint8),  # more than a few elements: a tensor is read by numpy()
 ]
+# every leaf small and at most 1-D: a MemmapStorage packs such an item (``_packed.py``)
+SMALL_LEAVES = LEAVES[:-1]
+LAYOUTS = {"mixed": LEAVES, "small": SMALL_LEAVES}
 
 
-def first_item() -> dict[str, Any]:
+def first_item(leaves: list[Any] = LEAVES) -> dict[str, Any]:
     """Fixes the layout: every leaf a tensor of its dtype."""
-    return nest((key, torch.zeros(shape, dtype=dtype)) for key, shape, dtype in LEAVES)
+    return nest((key, torch.zeros(shape, dtype=dtype)) for key, shape, dtype in leaves)
 
 
 def storages(tmp_path: Path) -> list[tuple[str, Any]]:
@@ -125,45 +128,53 @@ def values_for(shape: tuple[int, ...], dtype: torch.dtype, exact: bool) -> st.Se
     return st.one_of(arrays, numbers)
 
 
-def items(exact: bool) -> st.SearchStrategy[dict[tuple[str, ...], Any]]:
+def items(leaves: list[Any], exact: bool) -> st.SearchStrategy[dict[tuple[str, ...], Any]]:
     return st.fixed_dictionaries(
-        {key: values_for(shape, dtype, exact) for key, shape, dtype in LEAVES}
+        {key: values_for(shape, dtype, exact) for key, shape, dtype in leaves}
     )
 
 
 # half the items mix every kind of value (mostly refused by the fast path), half hold only
 # values the fast path may take (taken unless a Python number needs the general path)
-ITEMS = st.one_of(items(exact=False), items(exact=True))
+ITEMS = {
+    name: st.one_of(items(leaves, exact=False), items(leaves, exact=True))
+    for name, leaves in LAYOUTS.items()
+}
 
 
+@pytest.mark.parametrize("layout", list(LAYOUTS))
 @settings(
     max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(
-    flat=ITEMS,
+    data=st.data(),
     slot=st.integers(0, CAP - 1),
-    drop=st.sampled_from([None] * len(LEAVES) + list(range(len(LEAVES)))),  # half: a key missing
     extra=st.sampled_from([False, False, False, True]),
 )
 def test_add_fast_stores_what_the_general_path_stores(
     tmp_path_factory: pytest.TempPathFactory,
-    flat: dict[tuple[str, ...], Any],
+    layout: str,
+    data: st.DataObject,
     slot: int,
-    drop: int | None,
     extra: bool,
 ) -> None:
+    leaves = LAYOUTS[layout]
     tmp = tmp_path_factory.mktemp("fast")
-    flat = dict(flat)
+    flat = dict(data.draw(ITEMS[layout]))
+    # half the items: a key missing
+    drop = data.draw(st.sampled_from([None] * len(leaves) + list(range(len(leaves)))))
     if drop is not None:
-        flat.pop(LEAVES[drop][0])
+        flat.pop(leaves[drop][0])
     if extra:
         flat[("next", "info")] = np.zeros(1, dtype=np.float32)
     item = nest(flat.items())
-    for _, make in storages(tmp):
+    for kind, make in storages(tmp):
         fast, ref = make(0), make(1)
         for s in (fast, ref):
             for i in range(CAP - 1):  # slots 0..4 live: a write at 5 grows, below overwrites
-                s.set(i, first_item())
+                s.set(i, first_item(leaves))
+        if kind == "memmap":  # the small layout's items are packed (one struct, one kernel)
+            assert (fast._row is not None) == (layout == "small")
         before = snapshot(fast)
         with np.errstate(all="raise"):  # a numpy cast warning would be a behaviour difference
             took = fast._add_fast(slot, item)
@@ -217,6 +228,7 @@ def test_per_step_items_take_the_fast_path_and_ring_like_the_general_path(
     assert taken == 3 * CAP  # every item after the first (which fixes the layout)
     assert rb.writer.cursor == ref.writer.cursor == (3 * CAP + 1) % CAP
     if kind == "memmap":
+        assert rb.storage._row is not None  # packed: one struct call, one kernel
         path = rb.storage.path
         rb.storage.close()
         reopened = MemmapStorage.open(path)

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 from _zygote import TIMEOUT, Zygote
 
@@ -253,10 +254,12 @@ def check_adds(storage: MemmapStorage, done: int) -> tuple[str, int]:
     return ("torn" if bad.any() else "ok"), int(bad.sum())
 
 
-def test_sigkill_during_per_step_adds_leaves_whole_items(tmp_path: Path) -> None:
-    rng = random.Random(20261125)
+# 256 floats: numpy rows through the journal; 4 floats: packed (one struct call, one kernel)
+@pytest.mark.parametrize("obs", [OBS, 4])
+def test_sigkill_during_per_step_adds_leaves_whole_items(tmp_path: Path, obs: int) -> None:
+    rng = random.Random(20261125 + obs)
     start = time.monotonic()
-    zygote = Zygote(tmp_path, ADD_ZYGOTE, (ADD_CAPACITY, OBS, ADD_LOG_EVERY))
+    zygote = Zygote(tmp_path, ADD_ZYGOTE, (ADD_CAPACITY, obs, ADD_LOG_EVERY))
     counts = {"ok": 0, "torn": 0}
     try:
         for trial in range(ADD_TRIALS):
@@ -272,7 +275,7 @@ def test_sigkill_during_per_step_adds_leaves_whole_items(tmp_path: Path) -> None
     finally:
         zygote.close()
     print(
-        f"\nmemmap per-step add SIGKILL trials: {ADD_TRIALS}, whole {counts['ok']}, "
+        f"\nmemmap per-step add ({obs} floats) SIGKILL trials: {ADD_TRIALS}, whole {counts['ok']}, "
         f"torn {counts['torn']}, {time.monotonic() - start:.1f} s"
     )
     assert counts["torn"] == 0, counts

@@ -20,6 +20,7 @@ the sum of the words) is still read, and takes the new magic once it is empty.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import mmap
@@ -36,13 +37,17 @@ import torch
 from rbdata._layout import Layout
 
 __all__ = [
+    "COMMITTED",
     "HEADER_BYTES",
+    "HEADER_TERMS",
+    "JOURNAL_HEAD",
     "Header",
     "Journal",
     "Plan",
     "create_file",
     "encode_header",
     "map_file",
+    "payload_offsets",
 ]
 
 HEADER_BYTES = 64
@@ -58,6 +63,13 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 _K_LENGTH, _K_NEXT, _K_SLOT = 0x9E3779B97F4A7C15, 0xC2B2AE3D27D4EB4F, 0x165667B1
 _SLOT_TERMS = (_K_SLOT ^ _MAGIC, (2 * _K_SLOT) ^ _MAGIC)
+COMMITTED = _COMMITTED
+"""Bit 62: set in every commit word of a journal (so a committed one is never 0)."""
+JOURNAL_HEAD = _HEAD
+"""Bytes of the journal's head: the payload of a transaction starts there."""
+HEADER_TERMS = (_K_LENGTH, _K_NEXT, *_SLOT_TERMS, _MASK)
+"""``K_length, K_next, slot-0 term, slot-1 term, mask``: a header record's check is
+``((length * K_length) ^ (next * K_next) ^ slot term) & mask``, or 1 where that is 0."""
 
 
 def _check(length: int, nxt: int, slot: int) -> int:
@@ -205,6 +217,10 @@ class Header:
         w = self._words
         return w[3 + 3 * w[1]]
 
+    def address(self) -> int:
+        """Where the header's eight int64 words are in memory (valid until :meth:`close`)."""
+        return int(np.frombuffer(self._words, dtype=np.int64).ctypes.data)
+
     def publish(self, length: int, nxt: int) -> None:
         """Write the inactive record, then make it the active one (one 8-byte store)."""
         w = self._words
@@ -265,6 +281,18 @@ def _sum_checksum(words: np.ndarray, stop: int) -> int:
 
 def _up(n: int) -> int:
     return -(-n // _ALIGN) * _ALIGN
+
+
+def payload_offsets(row_bytes: Sequence[int], rows: int) -> tuple[list[int], int]:
+    """Where each leaf's ``rows`` rows start in a journal, and where the payload ends.
+
+    Leaf segments follow the head in layout order, each 64-byte aligned.
+    """
+    offsets, end = [], _HEAD
+    for nbytes in row_bytes:
+        offsets.append(end)
+        end = _up(end + rows * nbytes)
+    return offsets, end
 
 
 class Journal:
@@ -333,21 +361,18 @@ class Journal:
 
     def end(self, rows: int) -> int:
         """The end of the payload of a transaction of ``rows`` rows."""
-        end = _HEAD
-        for _, _, nbytes in self.leaves:
-            end = _up(end + rows * nbytes)
-        return end
+        return payload_offsets([nbytes for _, _, nbytes in self.leaves], rows)[1]
 
     def plan(self, rows: int) -> Plan:
         """The payload views (torch, and numpy where the dtype has one) for ``rows`` rows."""
         plan = self._plans.get(rows)
         if plan is None:
-            off, tviews, nviews = _HEAD, [], []
-            for dtype, shape, nbytes in self.leaves:
-                t = _as_tensor(self._mmap, off, rows * nbytes, dtype, (rows, *shape))
+            offsets, off = payload_offsets([nbytes for _, _, nbytes in self.leaves], rows)
+            tviews, nviews = [], []
+            for (dtype, shape, nbytes), start in zip(self.leaves, offsets, strict=True):
+                t = _as_tensor(self._mmap, start, rows * nbytes, dtype, (rows, *shape))
                 tviews.append(t)
                 nviews.append(None if dtype is torch.bfloat16 or not nbytes else t.numpy())
-                off = _up(off + rows * nbytes)
             numpy = all(v is not None for v in nviews)
             first = [v[0:1].reshape(v.shape[1:]) for v in nviews if v is not None] if numpy else []
             plan = Plan(off, rows, tviews, nviews, numpy, first)
@@ -476,6 +501,25 @@ class Journal:
         q[1] = 0
         return True
 
+    def write_packed(self, row: Any, flat: Any, slot: int) -> int:
+        """:meth:`write_one` of a packed item (``_packed.PackedRow.write``); the count before.
+
+        Only for a journal that no other process writes. ``-1`` (nothing written) while a
+        transaction is committed.
+        """
+        if self._q[1]:
+            return -1
+        plan = self._run_head
+        if plan is None or plan.rows != 1 or row.mapping is not self._mmap:
+            plan = self._plans.get(1)
+            end = self.end(1) if plan is None else plan.end
+            if end + 16 > self._size:
+                self._grow(end + 16)
+            plan = self.plan(1)
+            self._set_run_head(plan)
+            row.bind(self._mmap, plan)
+        return int(row.write(flat, slot))
+
     def commit(self, plan: Plan, nslots: int) -> None:
         """Store the commit word (the checksum): from now on the transaction is replayed."""
         self._q[1] = _checksum(self._b, plan.end // 8 + nslots)
@@ -556,10 +600,17 @@ class Journal:
             self._mmap.flush()
 
     def close(self) -> None:
-        """Drop the mapping and the lock."""
+        """Drop the mapping and the lock (now, unless views of the journal are still held)."""
         self._plans = {}
+        self._run_head, self._run_crc = None, memoryview(b"")
+        self._words = np.zeros(0, dtype=np.uint64)
         self._q.release()
-        self._mmap = None  # unmapped when the last view is collected
+        self._b.release()
+        mapping, self._mmap = self._mmap, None
+        if mapping is not None:
+            # the mapping holds a duplicate of the descriptor, and with it the lock
+            with contextlib.suppress(BufferError):  # views held elsewhere: when collected
+                mapping.close()
         os.close(self._fd)
 
 

@@ -11,6 +11,8 @@ import mmap
 import os
 from pathlib import Path
 
+import numpy as np
+
 from rbdata.storages._journal import HEADER_BYTES, _open_fd, _regular_size
 
 __all__ = ["SharedState"]
@@ -36,7 +38,8 @@ class SharedState:
         self._mmap: mmap.mmap | None = None
         self._pid = os.getpid()
         if path is None:
-            self._words = memoryview(bytearray(HEADER_BYTES)).cast("q")
+            self._local = bytearray(HEADER_BYTES)
+            self._words = memoryview(self._local).cast("q")
             self._words[0], self._words[1] = _SMAGIC, seed
             return
         self._fd = _open_fd(path, os.O_RDWR | os.O_CREAT, "shared.bin")
@@ -62,6 +65,15 @@ class SharedState:
     def writes(self) -> int:
         """Items committed so far, by every process (monotonic)."""
         return self._words[1]
+
+    def local_counter(self) -> np.ndarray | None:
+        """The words of a process-local state as an int64 array (``None`` once shared).
+
+        ``[1]`` is the count; a writer that counts without :meth:`count` holds this array.
+        """
+        if self.path is not None:
+            return None
+        return np.frombuffer(self._local, dtype=np.int64)
 
     def count(self, n: int) -> int:
         """Count ``n`` committed items (under :meth:`lock` when shared); return the count before."""

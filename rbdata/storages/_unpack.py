@@ -154,8 +154,11 @@ class _Source:
         self.lines.append("    " * depth + line)
 
 
-def _emit_leaf(src: _Source, spec: _Spec, out: str) -> None:
-    """Statements that set ``out`` from ``v`` (one item's value of the leaf) or return."""
+def _emit_leaf(src: _Source, spec: _Spec, out: str, flat: bool) -> None:
+    """Statements that set ``out`` from ``v`` (one item's value of the leaf) or return.
+
+    ``flat``: a numpy array leaf is read as Python numbers too (``tolist()``).
+    """
     emit = src.emit
     dtype, np_dtype = src.bind("T", spec.dtype), src.bind("D", spec.np_dtype)
     shape = src.bind("S", spec.shape)
@@ -176,7 +179,7 @@ def _emit_leaf(src: _Source, spec: _Spec, out: str) -> None:
     emit(1, f"{branch} k is ndarray:")
     emit(2, f"if v.dtype is not {np_dtype} or v.shape != {shape}:")
     emit(3, "return None")
-    emit(2, f"{out} = v")
+    emit(2, f"{out} = v.tolist()" if flat else f"{out} = v")
     emit(1, "elif k is Tensor:")
     # numpy() refuses what a plain copy of the bytes would get wrong or must not touch
     # (autograd, a conjugate or negative bit, another device, a sparse layout); tolist()
@@ -226,7 +229,13 @@ def _likely(spec: _Spec) -> type:
 
 
 def _emit_node(
-    src: _Source, node: str, tree: list[tuple[str, Any]], outs: list[str], batch: bool, top: bool
+    src: _Source,
+    node: str,
+    tree: list[tuple[str, Any]],
+    outs: list[str],
+    batch: bool,
+    top: bool,
+    flat: bool,
 ) -> None:
     """Statements that take ``v`` as the dict-like ``node`` and read its leaves into ``outs``.
 
@@ -247,28 +256,36 @@ def _emit_node(
     for key, sub in tree:
         emit(1, f"v = {node}.get({src.bind('K', key)}, MISS)")
         if type(sub) is not _Spec:
-            _emit_node(src, src.node(), sub, outs, batch, top=False)
+            _emit_node(src, src.node(), sub, outs, batch, top=False, flat=flat)
         elif batch:
             _emit_batch_leaf(src, sub, outs[sub.index], first=src.first())
         else:
-            _emit_leaf(src, sub, outs[sub.index])
+            _emit_leaf(src, sub, outs[sub.index], flat)
 
 
-def _compile(layout: Layout, specs: list[_Spec], batch: bool) -> Any:
-    """The generated reader of one item (``batch=False``) or of a batch, for ``layout``."""
+def _compile(layout: Layout, specs: list[_Spec], batch: bool, flat: bool = False) -> Any:
+    """The generated reader of one item (``batch=False``) or of a batch, for ``layout``.
+
+    ``flat`` (an item of leaves of at most one dimension): the values of every leaf in one
+    flat tuple of Python and numpy numbers, in layout order (for ``struct.pack``).
+    """
     src = _Source()
     outs = [f"x{spec.index}" for spec in specs]
     src.emit(0, "def read(v):")
     if layout.kind == "tensor" and batch:
         _emit_batch_leaf(src, specs[0], outs[0], first=True)
     elif layout.kind == "tensor":
-        _emit_leaf(src, specs[0], outs[0])
+        _emit_leaf(src, specs[0], outs[0], flat)
     else:
-        _emit_node(src, "n", _tree(layout, specs), outs, batch, top=True)
+        _emit_node(src, "n", _tree(layout, specs), outs, batch, top=True, flat=flat)
     if batch:
         src.emit(1, "if size < 1:")
         src.emit(2, "return None")
-    result = f"[{', '.join(outs)}]"
+    if flat:  # a 1-D leaf's list is spread, a scalar leaf's number taken as it is
+        stars = ("*" if spec.shape else "" for spec in specs)
+        result = f"({', '.join(star + out for star, out in zip(stars, outs, strict=True))},)"
+    else:
+        result = f"[{', '.join(outs)}]"
     src.emit(1, f"return {result}, size" if batch else f"return {result}")
     namespace = dict(src.names)
     exec(
@@ -307,6 +324,14 @@ class ItemUnpacker:
     def __init__(self, layout: Layout, specs: list[_Spec]) -> None:
         self.unpack: Any = _compile(layout, specs, batch=False)
         """``unpack(item)``: the leaves of ``item`` in layout order, or ``None``."""
+        self.unpack_flat: Any = None
+        """``unpack_flat(item)``: every leaf's values in one flat tuple, or ``None``.
+
+        Only for layouts whose leaves are small (``tolist()`` reads them) and at most 1-D:
+        ``None`` otherwise.
+        """
+        if all(spec.small and len(spec.shape) <= 1 for spec in specs):
+            self.unpack_flat = _compile(layout, specs, batch=False, flat=True)
         self.unpack_batch: Any = _compile(layout, specs, batch=True)
         """``unpack_batch(data)``: the leaves of a batch in layout order and its size ``n``.
 

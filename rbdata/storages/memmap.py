@@ -68,6 +68,7 @@ from rbdata.storages._memmap_files import (
     layout_meta,
     read_layout,
 )
+from rbdata.storages._packed import PackedRow
 from rbdata.storages._shared import SharedState
 from rbdata.storages._unpack import numpy_views
 from rbdata.storages.base import Prepared
@@ -116,6 +117,9 @@ class MemmapStorage(TensorStorage):
         (3, [4.0, 5.0])
         >>> storage.close()
     """
+
+    _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
+    _read_flat: Any = None
 
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_size, device="cpu")
@@ -294,6 +298,7 @@ class MemmapStorage(TensorStorage):
         Every other method of a closed storage raises ``ValueError``.
         """
         self._closed = True
+        self._row = self._read_flat = None
         self._buffers = []
         self._np_buffers = None
         self._plain = False
@@ -445,6 +450,39 @@ class MemmapStorage(TensorStorage):
             header.publish(new_length, new_next)
         before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
+
+    def _set_buffers(self, buffers: list[torch.Tensor], layout: Layout) -> None:
+        super()._set_buffers(buffers, layout)
+        self._row = self._read_flat = None
+        unpacker = self._unpacker
+        if unpacker is not None and unpacker.unpack_flat is not None and not self._private:
+            self._row = PackedRow.for_storage(
+                layout, self._np_buffers, self._header.address(), self._state.local_counter()
+            )
+            if self._row is not None:
+                self._read_flat = unpacker.unpack_flat
+
+    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """:meth:`TensorStorage._add_fast`; a small layout's item packed and written at once.
+
+        See ``rbdata/storages/_packed.py``: one ``struct`` call and one kernel instead of a
+        numpy assignment per leaf, twice (journal and file) for an overwrite.
+        """
+        row = self._row
+        if row is None or self._shared or self._closed:
+            return super()._add_fast(slot, item, check)
+        flat = self._read_flat(item)
+        if flat is None or not 0 <= slot < self._capacity:
+            return False
+        if check is not None:
+            check(slot, item)
+        journal = self._journal  # the packed item goes to its payload (scratch if uncommitted)
+        before = -1 if journal is None else journal.write_packed(row, flat, slot)
+        if before < 0:  # first use, or a transaction to finish first
+            before = self._ready_journal().write_packed(row, flat, slot)
+            assert before >= 0, "the journal is empty after _ready_journal"
+        self._last_write = (before, before + 1)
+        return True
 
     def _write_row(self, slot: int, values: list[Any]) -> bool:
         """:meth:`TensorStorage._write_row`, crash-atomic (journaled over a live slot)."""
