@@ -518,7 +518,7 @@ class Journal:
             plan = self.plan(1)
             self._set_run_head(plan)
             row.bind(self._mmap, plan)
-        return int(row.write(flat, slot))
+        return row.write(flat, slot)
 
     def commit(self, plan: Plan, nslots: int) -> None:
         """Store the commit word (the checksum): from now on the transaction is replayed."""

@@ -185,10 +185,16 @@ def _emit_leaf(src: _Source, spec: _Spec, out: str, flat: bool) -> None:
     # (autograd, a conjugate or negative bit, another device, a sparse layout); tolist()
     # reads the values (exact in Python numbers) and is cheaper for a few elements
     emit(2, "try:")
-    same = "v.dim()" if not spec.shape else f"v.shape != {shape}"
-    emit(3, f"if v.dtype is not {dtype} or v.layout is not STRIDED or {same}:")
-    emit(4, "return None")
-    emit(3, f"{out} = v.{'tolist' if spec.small else 'numpy'}()")
+    if spec.shape:
+        emit(3, f"if v.dtype is not {dtype} or v.layout is not STRIDED or v.shape != {shape}:")
+        emit(4, "return None")
+        emit(3, f"{out} = v.{'tolist' if spec.small else 'numpy'}()")
+    else:  # a 0-d tensor's tolist() is a number, any other's a list: no dim() needed
+        emit(3, f"if v.dtype is not {dtype} or v.layout is not STRIDED:")
+        emit(4, "return None")
+        emit(3, f"{out} = v.tolist()")
+        emit(3, f"if type({out}) is list:")
+        emit(4, "return None")
     emit(2, "except REFUSED:")
     emit(3, "return None")
     emit(1, "else:")
