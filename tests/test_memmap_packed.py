@@ -19,6 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer, TensorStorage
+from rbdata._layout import Layout
 from rbdata._numba import HAS_NUMBA
 from rbdata.storages import MemmapStorage
 from rbdata.storages._journal import _decode_header
@@ -85,8 +86,8 @@ def test_only_small_layouts_of_the_owning_process_are_packed(tmp_path: Path) -> 
     assert row({"obs": np.zeros(9, np.float32)})._row is None  # > 8 elements: numpy rows
     assert row({"img": np.zeros((2, 2), np.uint8)})._row is None  # 2-D
     assert row({"z": np.zeros(2, np.complex64)})._row is None  # no struct code
-    assert packable(_layout_of(item(1))) and not packable(
-        _layout_of({"z": torch.zeros(2).cfloat()})
+    assert packable(Layout.from_data(item(1), batched=False)) and not packable(
+        Layout.from_data({"z": torch.zeros(2).cfloat()}, batched=False)
     )
     private = MemmapStorage.open(row(item(1)).path, copy_on_write=True)
     assert private._row is None  # copy-on-write: its own numpy rows
@@ -96,12 +97,6 @@ def test_only_small_layouts_of_the_owning_process_are_packed(tmp_path: Path) -> 
     rb = ReplayBuffer(shared)
     assert rb.add(item(2)) == 1  # shared: the locked general path, still correct
     assert ids_of(shared) == [*before, 2]
-
-
-def _layout_of(data: Any) -> Any:
-    from rbdata._layout import Layout
-
-    return Layout.from_data(data, batched=False)
 
 
 @pytest.mark.parametrize("tensordict", [False, True])
@@ -140,7 +135,7 @@ def test_a_writer_killed_after_the_commit_is_replayed(tmp_path: Path, stop: int)
     _, storage, ids = full_ring(root)
     journal = storage._journal
     assert storage._row is not None and journal is not None
-    flat = storage._read_flat(item(100))
+    flat = storage._row.read(item(100))  # type: ignore[union-attr]
     assert storage._row.write(flat, 5, stop=stop) == -1
     assert journal.committed
     assert header_words(root) == (CAP, 1)  # not published yet
@@ -161,7 +156,7 @@ def test_a_corrupt_active_word_is_an_error_and_writes_nothing(tmp_path: Path) ->
     words = storage._header._words
     active = words[1]
     words[1] = 7  # as if something scribbled over header.bin
-    flat = storage._read_flat(item(100))
+    flat = storage._row.read(item(100))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match=r"header\.bin.*active"):
         storage._row.write(flat, 3)  # type: ignore[union-attr]
     assert not storage._journal.committed  # type: ignore[union-attr]

@@ -381,6 +381,17 @@ class Journal:
             self._plans[rows] = plan
         return plan
 
+    def _plan_with_room(self, rows: int, tail: int) -> Plan:
+        """The plan of ``rows`` rows in a journal grown to hold it and ``tail`` bytes after it.
+
+        A grow maps the file anew, so the plan is taken after it (never one of the old map).
+        """
+        plan = self._plans.get(rows)
+        end = self.end(rows) if plan is None else plan.end
+        if end + tail > self._size:
+            self._grow(end + tail)
+        return self.plan(rows)
+
     # --- writing -------------------------------------------------------------------------
     def lock_shared(self) -> None:
         """Take the writers' shared lock (once; held until :meth:`close`)."""
@@ -398,12 +409,8 @@ class Journal:
     ) -> Plan:
         """Write a transaction's head and slots; return the payload views to fill."""
         nslots = len(slots)
-        plan = self._plans.get(rows)
-        end = self.end(rows) if plan is None else plan.end
-        if end + 8 * nslots > self._size:
-            self._grow(end + 8 * nslots)
-        if plan is None:
-            plan = self.plan(rows)
+        plan = self._plan_with_room(rows, 8 * nslots)
+        end = plan.end
         q = self._q
         if self._legacy:
             self._upgrade()
@@ -511,11 +518,7 @@ class Journal:
             return -1
         plan = self._run_head
         if plan is None or plan.rows != 1 or row.mapping is not self._mmap:
-            plan = self._plans.get(1)
-            end = self.end(1) if plan is None else plan.end
-            if end + 16 > self._size:
-                self._grow(end + 16)
-            plan = self.plan(1)
+            plan = self._plan_with_room(1, 16)  # one run: two slot words
             self._set_run_head(plan)
             row.bind(self._mmap, plan)
         return row.write(flat, slot)

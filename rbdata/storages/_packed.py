@@ -221,14 +221,22 @@ class PackedRow:
 
     Args:
         layout: the storage's layout (:func:`packable`).
+        read: the layout's flat item reader (``ItemUnpacker.unpack_flat``), kept as
+            :attr:`read`: an item's values in one tuple for :meth:`write`, or ``None``.
         arrays: the numpy views of the data files, ``[capacity, *shape]`` per leaf.
         header_address: :meth:`Header.address` of the storage's header.
         counter: :meth:`SharedState.local_counter` of the storage.
     """
 
     def __init__(
-        self, layout: Layout, arrays: list[np.ndarray], header_address: int, counter: np.ndarray
+        self,
+        layout: Layout,
+        read: Any,
+        arrays: list[np.ndarray],
+        header_address: int,
+        counter: np.ndarray,
     ) -> None:
+        self.read = read
         self.struct, offsets, self.end = _format(layout)
         self.arrays = arrays  # keeps the files mapped
         self.counter = counter  # keeps the count's memory alive
@@ -261,14 +269,25 @@ class PackedRow:
     def for_storage(
         cls,
         layout: Layout,
+        read: Any,
         arrays: list[np.ndarray] | None,
         header_address: int,
         counter: np.ndarray | None,
     ) -> PackedRow | None:
-        """A packed row for a storage's layout, or ``None`` (not packable, no numba)."""
-        if _nb_write_one is None or arrays is None or counter is None or not packable(layout):
+        """A packed row for a storage's layout, or ``None`` where it cannot pack.
+
+        ``None``: no flat reader, a layout that is not :func:`packable`, no numba, no numpy
+        views of the files, or a counter that is not process-local (a shared storage).
+        """
+        if (
+            _nb_write_one is None
+            or read is None
+            or arrays is None
+            or counter is None
+            or not packable(layout)
+        ):
             return None
-        return cls(layout, arrays, header_address, counter)
+        return cls(layout, read, arrays, header_address, counter)
 
     def bind(self, mapping: Any, plan: Plan) -> None:
         """Write through ``mapping`` (the journal's), whose one-row transaction is ``plan``."""

@@ -119,7 +119,6 @@ class MemmapStorage(TensorStorage):
     """
 
     _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
-    _read_flat: Any = None
 
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_size, device="cpu")
@@ -298,7 +297,7 @@ class MemmapStorage(TensorStorage):
         Every other method of a closed storage raises ``ValueError``.
         """
         self._closed = True
-        self._row = self._read_flat = None
+        self._row = None
         self._buffers = []
         self._np_buffers = None
         self._plain = False
@@ -453,14 +452,16 @@ class MemmapStorage(TensorStorage):
 
     def _set_buffers(self, buffers: list[torch.Tensor], layout: Layout) -> None:
         super()._set_buffers(buffers, layout)
-        self._row = self._read_flat = None
+        self._row = None
         unpacker = self._unpacker
-        if unpacker is not None and unpacker.unpack_flat is not None and not self._private:
+        if unpacker is not None and not self._private:
             self._row = PackedRow.for_storage(
-                layout, self._np_buffers, self._header.address(), self._state.local_counter()
+                layout,
+                unpacker.unpack_flat,
+                self._np_buffers,
+                self._header.address(),
+                self._state.local_counter(),
             )
-            if self._row is not None:
-                self._read_flat = unpacker.unpack_flat
 
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """:meth:`TensorStorage._add_fast`; a small layout's item packed and written at once.
@@ -471,7 +472,7 @@ class MemmapStorage(TensorStorage):
         row = self._row
         if row is None or self._shared or self._closed:
             return super()._add_fast(slot, item, check)
-        flat = self._read_flat(item)
+        flat = row.read(item)
         if flat is None or not 0 <= slot < self._capacity:
             return False
         if check is not None:

@@ -189,6 +189,11 @@ def run(
             print(f"  ERROR in {workload.__name__}:")
             traceback.print_exc(file=sys.stdout)
         free()
+    return summary(rep, start)
+
+
+def summary(rep: Report, start: float) -> int:
+    """Print a run's PASS/FAIL/ERROR counts and time since ``start``; the exit status."""
     elapsed = time.perf_counter() - start
     print(
         f"\nsummary: {rep.passed} PASS, {rep.failed} FAIL"

@@ -43,7 +43,7 @@ from collections.abc import Callable, Iterator
 import numpy as np
 import tensordict
 import torch
-from _timing import FULL, QUICK, Config, Report, free
+from _timing import FULL, QUICK, Config, Report, free, summary
 
 import rbdata
 from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
@@ -308,13 +308,7 @@ def main(argv: list[str] | None = None) -> int:
         free()  # the case's buffers went with its frame
         if device.type == "cuda":
             torch.cuda.empty_cache()
-    elapsed = time.perf_counter() - start
-    print(
-        f"\nsummary: {rep.passed} PASS, {rep.failed} FAIL"
-        + (f", {len(rep.errors)} ERROR ({', '.join(rep.errors)})" if rep.errors else "")
-        + f" in {elapsed:.1f} s (targets are reported, not enforced)"
-    )
-    return 1 if rep.errors else 0
+    return summary(rep, start)
 
 
 if __name__ == "__main__":
