@@ -146,8 +146,12 @@ def _as_tensor(buf: Any, offset: int, nbytes: int, dtype: torch.dtype, shape: An
 
 def map_file(
     path: Path, dtype: torch.dtype, shape: tuple[int, ...], expected: int, private: bool, key: str
-) -> torch.Tensor:
-    """Map an existing data file of exactly ``expected`` bytes (symlinks refused)."""
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """Map an existing data file of exactly ``expected`` bytes (symlinks refused).
+
+    Returns the tensor and the ``uint8`` numpy array over the mapping that owns its memory
+    (``None`` for an empty file): the storage holds it, see ``rbdata/storages/_memory.py``.
+    """
     fd = _open_fd(path, os.O_RDONLY if private else os.O_RDWR, "a storage file")
     try:
         size = _regular_size(fd, path)
@@ -157,12 +161,13 @@ def map_file(
                 f"({shape[0]} x {list(shape[1:])} {dtype}); truncated or corrupt"
             )
         if expected == 0:
-            return torch.zeros(shape, dtype=dtype)
+            return torch.zeros(shape, dtype=dtype), None
         access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
         mm = mmap.mmap(fd, expected, access=access)
     finally:
         os.close(fd)
-    return _as_tensor(mm, 0, expected, dtype, shape)
+    raw = np.frombuffer(mm, dtype=np.uint8, count=expected)
+    return torch.from_numpy(raw).view(dtype).view(shape), raw
 
 
 class Header:

@@ -46,6 +46,7 @@ import torch
 
 from rbdata._index import ring_runs
 from rbdata._layout import Layout
+from rbdata.storages import _memory
 from rbdata.storages._files import (
     atomic_write_json,
     inside,
@@ -198,12 +199,14 @@ class MemmapStorage(TensorStorage):
             raise bad_field(file, "length", length, "0: layout.json has no layout")
 
     def _map_files(self, layout: Layout, files: list[Path]) -> None:
-        buffers = []
+        buffers, mapped = [], []
         for file, leaf in zip(files, layout.leaves, strict=True):
             expected = self.capacity * leaf.numel * leaf.dtype.itemsize
             shape = (self.capacity, *leaf.shape)
-            buffers.append(map_file(file, leaf.dtype, shape, expected, self._private, leaf.name))
-        self._set_buffers(buffers, layout)
+            buf, raw = map_file(file, leaf.dtype, shape, expected, self._private, leaf.name)
+            buffers.append(buf)
+            mapped.append(None if raw is None else _memory.mapping(raw))
+        self._set_buffers(buffers, layout, mapped)
         self._layout = layout
         self._data_files = files
 
@@ -251,7 +254,7 @@ class MemmapStorage(TensorStorage):
             "path": str(self._path),
             "capacity": self.capacity,
             "layout": layout,
-            "buffers": self._buffers,
+            "buffers": self._tensors(),  # the mapping's current rows (see _memory)
             "header": [self._header.length, self._header.next],
         }
 
@@ -279,8 +282,13 @@ class MemmapStorage(TensorStorage):
 
         A SIGKILL of the process loses nothing that an ``extend`` wrote before it returned
         (the page cache outlives the process); a power loss can, unless ``flush`` ran since.
+        A private copy (``open(..., copy_on_write=True)``, what a checkpoint loads) has
+        nothing to flush: its writes never reach a file, and the files it was mapped from
+        may be gone (a later ``dumps`` over the same checkpoint removes them).
         """
         self._check_open()
+        if self._private:
+            return
         for file in self._data_files:
             fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
             try:
@@ -300,6 +308,8 @@ class MemmapStorage(TensorStorage):
         self._row = None
         self._buffers = []
         self._np_buffers = None
+        self._mapped = None
+        self._guard = ()
         self._plain = False
         self._layout = None
         if getattr(self, "_journal", None) is not None:
@@ -315,9 +325,19 @@ class MemmapStorage(TensorStorage):
         if finalizer is not None:
             finalizer()
 
+    def __repr__(self) -> str:
+        where = "private copy of " if self._private else "path="
+        return f"{super().__repr__()[:-1]}, {where}{str(self._path)!r})"
+
     @property
     def path(self) -> Path:
-        """The storage directory."""
+        """The storage directory.
+
+        For a private copy (``open(..., copy_on_write=True)``, what a checkpoint loads) the
+        directory it was mapped from: its writes never go there, and the directory may have
+        been removed since (a later ``dumps`` over the same checkpoint does; the copy keeps
+        working). ``repr`` says ``private copy of ...``.
+        """
         self._check_open()
         return self._path
 
@@ -325,7 +345,7 @@ class MemmapStorage(TensorStorage):
     def buffers(self) -> list[torch.Tensor]:
         """The backing tensors in layout order (views of all ``capacity`` slots)."""
         self._check_open()
-        return self._buffers
+        return self._tensors()
 
     # --- sharing between processes -------------------------------------------------------
     def share(self) -> None:
@@ -450,8 +470,13 @@ class MemmapStorage(TensorStorage):
         before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
 
-    def _set_buffers(self, buffers: list[torch.Tensor], layout: Layout) -> None:
-        super()._set_buffers(buffers, layout)
+    def _set_buffers(
+        self,
+        buffers: list[torch.Tensor],
+        layout: Layout,
+        mapped: list[_memory.Mapping | None] | None = None,
+    ) -> None:
+        super()._set_buffers(buffers, layout, mapped)
         self._row = None
         unpacker = self._unpacker
         if unpacker is not None and not self._private:
@@ -487,7 +512,7 @@ class MemmapStorage(TensorStorage):
 
     def _write_row(self, slot: int, values: list[Any]) -> bool:
         """:meth:`TensorStorage._write_row`, crash-atomic (journaled over a live slot)."""
-        arrays = self._np_buffers
+        arrays = self._views()
         if self._shared or arrays is None or self._closed:
             return False
         header = self._header
@@ -565,7 +590,7 @@ class MemmapStorage(TensorStorage):
         self, index: int | list[slice] | torch.Tensor, payload: list[Any], length: int, nxt: int
     ) -> None:
         journal = self._ready_journal()
-        arrays = self._np_buffers
+        arrays = self._views()
         if type(index) is int and arrays is not None:  # one item (add): the numpy path
             values = numpy_views(payload)
             own = not self._shared  # shared: another process may have written the journal
@@ -609,7 +634,8 @@ class MemmapStorage(TensorStorage):
     ) -> None:
         """Copy a journal transaction into the files, then publish its header."""
         del kind, rows
-        arrays = self._np_buffers
+        arrays = self._views()
+        buffers = self._tensors()
         if isinstance(index, list):
             offset = 0
             for run in index:
@@ -619,11 +645,11 @@ class MemmapStorage(TensorStorage):
                     for arr, nview in zip(arrays, plan.nviews, strict=True):
                         arr[start:stop] = nview[offset:end]  # type: ignore[index]
                 else:
-                    for buf, tview in zip(self._buffers, plan.tviews, strict=True):
+                    for buf, tview in zip(buffers, plan.tviews, strict=True):
                         buf[start:stop].copy_(tview[offset:end])
                 offset = end
         else:
-            for buf, tview in zip(self._buffers, plan.tviews, strict=True):
+            for buf, tview in zip(buffers, plan.tviews, strict=True):
                 buf.index_copy_(0, index, tview)
         self._header.publish(length, nxt)
 
@@ -642,6 +668,7 @@ class MemmapStorage(TensorStorage):
             atomic_write_json(self._path / LAYOUT_FILE, meta)
         except BaseException:
             self._buffers, self._np_buffers, self._layout = [], None, None
+            self._mapped, self._guard = None, ()
             for file in made:
                 with contextlib.suppress(OSError):
                     file.unlink()

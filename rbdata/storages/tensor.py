@@ -10,6 +10,7 @@ import torch
 
 from rbdata._device import resolve_device
 from rbdata._layout import Layout
+from rbdata.storages import _memory
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
 from rbdata.storages.base import Prepared, Storage
 
@@ -73,8 +74,13 @@ class TensorStorage(Storage):
         resolve_device(self.device)  # refused here, at construction, if it cannot hold data
         self._buffers: list[torch.Tensor] = []
         # numpy views of CPU buffers: a one-row write through numpy costs ~half of torch's
-        # ``buf[i] = t`` (the per-step ``add`` path of online agents).
+        # ``buf[i] = t`` (the per-step ``add`` path of online agents). Torch may move the
+        # memory under them (a pickle for a spawned worker, ``share_memory_``): ``_guard``
+        # says when, and the write paths rebuild them first (``rbdata/storages/_memory.py``).
         self._np_buffers: list[np.ndarray] | None = None
+        self._guard: _memory.Guard = ()
+        # the file mappings under the buffers, for storages that map files (torch follows them)
+        self._mapped: list[_memory.Mapping | None] | None = None
         self._unpacker: ItemUnpacker | None = None  # see _add_fast
         self._unpack: Callable[[Any], list[Any] | None] | None = None
         self._plain = False
@@ -83,25 +89,61 @@ class TensorStorage(Storage):
         """``max_size`` and ``device``."""
         return {"max_size": self.capacity, "device": str(self.device)}
 
-    def _set_buffers(self, buffers: list[torch.Tensor], layout: Layout) -> None:
+    def _set_buffers(
+        self,
+        buffers: list[torch.Tensor],
+        layout: Layout,
+        mapped: list[_memory.Mapping | None] | None = None,
+    ) -> None:
+        """Take ``buffers`` (``mapped``: the file mappings they view, see ``_memory``)."""
         self._buffers = buffers
         self._plain = layout.kind == "tensor"
-        try:
-            self._np_buffers = [b.numpy() for b in buffers] if self.device.type == "cpu" else None
-        except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
-            self._np_buffers = None
+        self._mapped = mapped
+        self._bind_views()
         unpacker = ItemUnpacker.for_layout(layout) if self._np_buffers is not None else None
         self._unpacker = unpacker
         self._unpack = None if unpacker is None else unpacker.unpack
 
+    def _bind_views(self) -> list[np.ndarray] | None:
+        """(Re)build the numpy views of the buffers and the guard that watches their memory."""
+        views: list[np.ndarray] | None = None
+        if self.device.type == "cpu":
+            try:
+                views = [b.numpy() for b in self._buffers]
+            except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
+                views = None
+        self._np_buffers = views
+        # mapped views stay on the mapping the storage holds: nothing to watch on writes
+        self._guard = (
+            () if views is None or self._mapped is not None else _memory.guard(self._buffers)
+        )
+        return views
+
+    def _views(self) -> list[np.ndarray] | None:
+        """The numpy views, rebuilt first if torch moved the memory under them."""
+        for t, ptr in self._guard:
+            if t.data_ptr() != ptr:
+                return self._bind_views()
+        return self._np_buffers
+
+    def _tensors(self) -> list[torch.Tensor]:
+        """The buffers, re-bound first to the files they map if torch moved them away."""
+        mapped = self._mapped
+        if mapped is not None:
+            _memory.rebind(self._buffers, mapped)
+        return self._buffers
+
     @property
     def buffers(self) -> list[torch.Tensor]:
         """The backing tensors in layout order (views of all ``capacity`` slots)."""
-        return self._buffers
+        return self._tensors()
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_np_buffers"] = None  # numpy views would pickle as copies: rebuild them
+        state["_buffers"] = self._tensors()
+        # numpy views would pickle as copies, mappings are this process's: rebuilt on arrival
+        state["_np_buffers"] = state["_mapped"] = None
+        state["_guard"] = ()
         state["_unpack"] = state["_unpacker"] = None
         return state
 
@@ -111,10 +153,13 @@ class TensorStorage(Storage):
             self._set_buffers(self._buffers, self._layout)
 
     def _allocate(self, layout: Layout) -> None:
-        buffers = [
-            torch.zeros((self.capacity, *leaf.shape), dtype=leaf.dtype, device=self.device)
-            for leaf in layout.leaves
-        ]
+        if self.device.type == "cpu":  # one block: one pointer for the write paths to watch
+            buffers = _memory.arena(self.capacity, layout.leaves)
+        else:
+            buffers = [
+                torch.zeros((self.capacity, *leaf.shape), dtype=leaf.dtype, device=self.device)
+                for leaf in layout.leaves
+            ]
         self._set_buffers(buffers, layout)
 
     def _payload_device(self) -> torch.device | None:
@@ -138,21 +183,22 @@ class TensorStorage(Storage):
         return prepared
 
     def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+        buffers = self._tensors()
         if isinstance(index, list):
             if len(index) == 1:
                 run = index[0]
-                for buf, t in zip(self._buffers, payload, strict=True):
+                for buf, t in zip(buffers, payload, strict=True):
                     buf[run].copy_(t)
                 return
             offset = 0
             for run in index:
                 stop = offset + run.stop - run.start
-                for buf, t in zip(self._buffers, payload, strict=True):
+                for buf, t in zip(buffers, payload, strict=True):
                     buf[run].copy_(t[offset:stop])
                 offset = stop
             return
         idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
-        for buf, t in zip(self._buffers, payload, strict=True):
+        for buf, t in zip(buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
 
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
@@ -176,6 +222,10 @@ class TensorStorage(Storage):
         arrays = self._np_buffers
         if arrays is None or self._closed:
             return False
+        for t, ptr in self._guard:  # torch moved the memory (pickled, shared): views anew
+            if t.data_ptr() != ptr:
+                arrays = self._bind_views()
+                assert arrays is not None
         for arr, value in zip(arrays, values, strict=True):
             arr[slot] = value
         top = slot + 1
@@ -207,7 +257,7 @@ class TensorStorage(Storage):
     def _put_rows(self, start: int, n: int, values: list[Any]) -> int:
         """Assign a batch to the ring slots from ``start``; return one past the top slot."""
         end, cap = start + n, self.capacity
-        arrays: list[Any] = self._np_buffers  # type: ignore[assignment]  # set with _unpacker
+        arrays: list[Any] = self._views()  # type: ignore[assignment]  # set with _unpacker
         if end <= cap:
             for arr, value in zip(arrays, values, strict=True):
                 arr[start:end] = value
@@ -242,26 +292,25 @@ class TensorStorage(Storage):
         return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
-        arrays = self._np_buffers
+        arrays = self._views()
         values = None if arrays is None else numpy_views(payload)
         if values is not None:
             for arr, value in zip(arrays, values, strict=True):  # type: ignore[arg-type]
                 arr[index] = value
             return
-        for buf, t in zip(self._buffers, payload, strict=True):
+        for buf, t in zip(self._tensors(), payload, strict=True):
             buf[index] = t
 
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        buffers = self._buffers if self._mapped is None else self._tensors()
         if self._plain:  # plain-tensor items: one gather, nothing to assemble
-            return torch.index_select(
-                self._buffers[0], 0, idx.to(self._device, non_blocking=idx.is_cpu)
-            )
+            return torch.index_select(buffers[0], 0, idx.to(self._device, non_blocking=idx.is_cpu))
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
         if idx.device != self._device:  # host to GPU without waiting; GPU to host waits
             idx = idx.to(self._device, non_blocking=idx.is_cpu)
-        tensors = [torch.index_select(buf, 0, idx) for buf in self._buffers]
+        tensors = [torch.index_select(buf, 0, idx) for buf in buffers]
         device: torch.device | None = self.device
         if extra:
             for key, value in extra.items():
@@ -275,4 +324,4 @@ class TensorStorage(Storage):
     def _get(self, index: int) -> Any:
         layout = self._layout
         assert layout is not None  # len() > 0 implies a layout
-        return layout.assemble([buf[index] for buf in self._buffers], torch.Size(), self.device)
+        return layout.assemble([buf[index] for buf in self._tensors()], torch.Size(), self.device)
