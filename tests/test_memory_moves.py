@@ -137,3 +137,43 @@ def test_forked_child_reads_what_was_written_after_a_share(tmp_path: Path) -> No
     os.close(w)
     _, status = os.waitpid(pid, 0)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+SB3_CHILD = """
+import io
+from multiprocessing.reduction import ForkingPickler
+
+import numpy as np
+from gymnasium import spaces
+
+from rbdata.compat.sb3 import ReplayBuffer
+
+for storage in ("tensor", "memmap"):
+    rb = ReplayBuffer(8, spaces.Box(-10, 10, (3,)), spaces.Discrete(4), device="cpu",
+                      storage=storage)
+    obs = {}
+    for step in range(20):  # 2.5 rounds of the ring, a move before each add after the 4th
+        if step >= 4:
+            ForkingPickler(io.BytesIO()).dump(rb)
+            for buf in rb.storage.buffers:
+                buf.share_memory_()
+        o = np.full((1, 3), step, np.float32)
+        rb.add(o, o + 1, np.array([step % 4]), np.array([step * 0.5]), np.array([False]),
+               [{}])
+        obs[step % 8] = step
+    got = rb.sample(64)
+    assert rb.size() == 8, rb.size()
+    for o, a, r in zip(got.observations[:, 0].tolist(), got.actions[:, 0].tolist(),
+                       got.rewards[:, 0].tolist(), strict=True):
+        step = int(o)
+        assert obs[step % 8] == step, (o, obs)
+        assert a == step % 4 and r == step * 0.5, (o, a, r)
+print("OK")
+"""
+
+
+def test_sb3_compat_buffer_writes_after_a_move() -> None:
+    done = run_child(SB3_CHILD)
+    assert done.returncode == 0 and done.stdout.strip() == "OK", (
+        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )

@@ -109,9 +109,14 @@ class TensorStorage(Storage):
         views: list[np.ndarray] | None = None
         if self.device.type == "cpu":
             try:
-                views = [b.numpy() for b in self._buffers]
+                views = [b.numpy() for b in self._tensors()]
             except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
                 views = None
+        if views is not None and self._mapped is not None:  # views of the mapping itself
+            views = [
+                v if got is None else got[0].view(v.dtype).reshape(v.shape)
+                for v, got in zip(views, self._mapped, strict=True)
+            ]
         self._np_buffers = views
         # mapped views stay on the mapping the storage holds: nothing to watch on writes
         self._guard = (
