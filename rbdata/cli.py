@@ -1,9 +1,10 @@
 """The ``rbdata`` command line (also ``python -m rbdata``).
 
 ``rbdata demo`` downloads, converts and trains on a D4RL-layout sample; ``rbdata datasets
-list|download|info|path|remove`` manages the offline dataset cache (the logic is in
-:mod:`rbdata.datasets._commands`); ``rbdata inspect PATH`` summarises a storage directory or
-checkpoint on disk without reading its data (the logic is in :mod:`!rbdata._inspect`).
+list|download|info|path|remove|sample`` manages the offline dataset cache (the logic is in
+:mod:`rbdata.datasets._commands` and its siblings); ``rbdata inspect PATH`` summarises a
+storage directory or checkpoint on disk without reading its data (the logic is in
+:mod:`!rbdata._inspect`).
 """
 
 from __future__ import annotations
@@ -198,11 +199,22 @@ def _add_datasets_parser(commands: Any) -> None:
     download = actions.add_parser(
         "download",
         parents=[ident, root],
-        help="download and convert a dataset; print its path",
-        description="Download (resumable, checksummed) and convert a dataset into the cache.",
+        help="download (or take a local file) and convert a dataset; print its path",
+        description=(
+            "Download (resumable, checksummed) and convert a dataset into the cache. With "
+            "--file (or a file:// --url), a local copy of the D4RL file, e.g. D4RL's own "
+            "~/.d4rl/datasets/*.hdf5, is verified like a download and converted without the "
+            "network; it is never modified or deleted."
+        ),
     )
     _backend_option(download, "storage backend (default: memmap)", default="memmap")
-    download.add_argument("--url", help="D4RL only: download this URL instead of the catalog's")
+    source = download.add_mutually_exclusive_group()
+    source.add_argument(
+        "--url", help="D4RL only: download this URL (or file:// path) instead of the catalog's"
+    )
+    source.add_argument(
+        "--file", metavar="PATH", help="D4RL only: convert this local copy of the HDF5 file"
+    )
     download.add_argument(
         "--sha256", metavar="HEX", help="D4RL only: the expected digest instead of the catalog's"
     )
@@ -243,13 +255,25 @@ def _add_datasets_parser(commands: Any) -> None:
         "--keep-download", action="store_true", help="keep the downloaded D4RL file"
     )
 
+    sample = actions.add_parser(
+        "sample",
+        parents=[ident],
+        help="write the file of an rbdata sample dataset (e.g. d4rl/cartpole-random-v0)",
+        description=(
+            "Build the D4RL-layout HDF5 file of an rbdata sample dataset (not on the D4RL host) "
+            "with the recipe shipped in the package, and print its path, size and sha256 and "
+            "the command that converts it (rbdata datasets download ID --file PATH)."
+        ),
+    )
+    sample.add_argument("--out", metavar="FILE", help="the file to write (default: ./<name>.hdf5)")
+
 
 def _run_datasets(args: argparse.Namespace) -> int:
     from rbdata.datasets import _commands as commands
     from rbdata.datasets._cache import cache_root
 
     try:
-        root = cache_root(args.root)
+        root = cache_root(getattr(args, "root", None))
         if args.action == "list":
             return commands.list_command(
                 root, family=args.family, downloaded=args.downloaded, remote=args.remote
@@ -260,12 +284,20 @@ def _run_datasets(args: argparse.Namespace) -> int:
         ref = commands.parse_id(args.id)
         if args.action == "download":
             return commands.download_command(
-                root, ref, backend=args.backend, url=args.url, sha256=args.sha256
+                root, ref, backend=args.backend, url=args.url, sha256=args.sha256, file=args.file
             )
         if args.action == "info":
-            return commands.info_command(root, ref, backend=args.backend)
+            from rbdata.datasets._info import info_command
+
+            return info_command(root, ref, backend=args.backend)
+        if args.action == "sample":
+            from rbdata.datasets._samples import sample_command
+
+            return sample_command(ref, args.out)
         if args.action == "remove":
-            return commands.remove_command(
+            from rbdata.datasets._remove import remove_command
+
+            return remove_command(
                 root,
                 ref,
                 backend=args.backend,

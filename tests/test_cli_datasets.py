@@ -8,11 +8,9 @@ locally with ``minari.create_dataset_from_buffers`` under a temporary ``MINARI_D
 from __future__ import annotations
 
 import csv
-import functools
 import hashlib
 import json
 import os
-import socket
 import sys
 import warnings
 from collections.abc import Iterator
@@ -25,7 +23,6 @@ import pytest
 
 from rbdata._resources import catalog_path
 from rbdata.cli import main
-from rbdata.datasets import _download
 from rbdata.datasets._catalog import d4rl_catalog
 from rbdata.datasets._commands import DatasetRef, parse_id
 from tests._d4rl_files import serve
@@ -314,23 +311,6 @@ def test_bad_sha256_argument(mirror: str, home: Path, capsys: pytest.CaptureFixt
     assert files_below(home) == []
 
 
-def test_network_down(
-    home: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
-) -> None:
-    with socket.socket() as sock:  # a port that nothing listens on
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    monkeypatch.setenv("RBDATA_D4RL_MIRROR", f"http://127.0.0.1:{port}/")
-    # the download layer retries 5 times with back-off (7.5 s of sleeps): 2 quick tries here
-    fast = functools.partial(_download.download, retries=2, backoff=0.0, timeout=5.0)
-    monkeypatch.setattr("rbdata.datasets.d4rl.fetch", fast)
-    code, out, err = run(capsys, "download", NAME)
-    assert code == 1 and out == ""
-    line = one_error_line(err)
-    assert f"could not download dataset '{NAME}'" in line and "2 attempts failed" in line
-    assert files_below(home) == []
-
-
 def test_remove_refuses_symlinks(
     home: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -361,9 +341,12 @@ def test_remove_refuses_a_recorded_file_outside_downloads(
     assert victim.is_file()
 
 
-def test_url_and_sha256_are_for_d4rl_only(home: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    code, _, err = run(capsys, "download", "minari/test/tiny/random-v0", "--url", "http://x/")
-    assert code == 1 and "D4RL ids only" in one_error_line(err)
+def test_url_file_and_sha256_are_for_d4rl_only(
+    home: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    for option, value in (("--url", "http://x/"), ("--file", "x.hdf5"), ("--sha256", "ab" * 32)):
+        code, _, err = run(capsys, "download", "minari/test/tiny/random-v0", option, value)
+        assert code == 1 and "D4RL ids only" in one_error_line(err)
 
 
 def test_bad_arguments_exit_2(home: Path, capsys: pytest.CaptureFixture[str]) -> None:

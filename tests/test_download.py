@@ -9,12 +9,15 @@ under test, and every handler records the requests it received.
 from __future__ import annotations
 
 import hashlib
+import os
 import re
 import socket
 import threading
+import time
 from collections.abc import Callable, Iterator
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 import filelock
 import numpy as np
@@ -26,7 +29,9 @@ from rbdata.datasets._download import (
     DownloadError,
     download,
     file_lock,
+    local_path,
     resolve_mirror,
+    verify_file,
 )
 
 PAYLOAD = np.random.default_rng(1234).integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
@@ -214,14 +219,32 @@ def test_existing_dest_is_returned_without_network(serve: Callable[..., Server],
     assert server.requests == []
 
 
-def test_existing_corrupt_dest_is_fetched_again(serve: Callable[..., Server], tmp_path: Path):
+def test_existing_corrupt_dest_is_kept_and_refused(serve: Callable[..., Server], tmp_path: Path):
     server = serve(RangeHandler)
     dest = tmp_path / "file.bin"
-    dest.write_bytes(b"x" * len(PAYLOAD))
-    got = download(server.url, dest, name="toy", sha256=DIGEST, **FAST)
-    assert got.sha256 == DIGEST
-    assert dest.read_bytes() == PAYLOAD
-    assert len(server.requests) == 1
+    mine = b"x" * len(PAYLOAD)  # e.g. a user's copy, or a file the catalog no longer matches
+    dest.write_bytes(mine)
+    with pytest.raises(ChecksumError) as info:
+        download(server.url, dest, name="toy", sha256=DIGEST, **FAST)
+    message = str(info.value)
+    assert repr(str(dest)) in message
+    assert f"expected sha256 {DIGEST}, got {hashlib.sha256(mine).hexdigest()}" in message
+    assert "the file is kept" in message
+    assert dest.read_bytes() == mine  # never deleted, never overwritten
+    assert server.requests == []  # and no network
+
+
+def test_existing_dest_of_the_wrong_size_is_kept(serve: Callable[..., Server], tmp_path: Path):
+    server = serve(RangeHandler)
+    dest = tmp_path / "file.bin"
+    dest.write_bytes(PAYLOAD[:1000])
+    with pytest.raises(ChecksumError) as info:
+        download(server.url, dest, name="toy", size=len(PAYLOAD), hint="use a mirror", **FAST)
+    message = str(info.value)
+    assert f"expected {len(PAYLOAD)} bytes, got 1000 bytes" in message
+    assert repr(str(dest)) in message and message.endswith("; use a mirror")
+    assert dest.read_bytes() == PAYLOAD[:1000]
+    assert server.requests == []
 
 
 def test_resumes_a_good_part_with_range(serve: Callable[..., Server], tmp_path: Path):
@@ -271,6 +294,27 @@ def test_always_dropping_gives_up_after_retries(serve: Callable[..., Server], tm
     assert not dest.exists()
     # what arrived is kept for a later call to resume
     assert part_of(dest).read_bytes() == PAYLOAD[: DROP_AT + 2000]
+
+
+class HeadersOnlyHandler(RangeHandler):
+    """Promises the whole file, then closes the connection before the first body byte."""
+
+    def respond(self, number: int) -> None:
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(self.body())))
+        self.end_headers()
+        self.wfile.flush()
+        self.connection.shutdown(socket.SHUT_RDWR)
+        self.close_connection = True
+
+
+def test_a_failure_without_bytes_leaves_no_part(serve: Callable[..., Server], tmp_path: Path):
+    server = serve(HeadersOnlyHandler)
+    dest = tmp_path / "file.bin"
+    with pytest.raises(DownloadError, match="3 attempts failed"):
+        download(server.url, dest, name="toy", progress=False, retries=3, backoff=0.0)
+    assert len(server.requests) == 3
+    assert list(tmp_path.iterdir()) == []  # no empty file.bin.part
 
 
 def test_server_ignoring_range_restarts_a_stale_part(serve: Callable[..., Server], tmp_path: Path):
@@ -377,14 +421,79 @@ def test_not_found_is_not_retried(serve: Callable[..., Server], tmp_path: Path):
     assert list(tmp_path.iterdir()) == []
 
 
-def test_unreachable_server_gives_up(tmp_path: Path):
-    with socket.socket() as sock:  # a port nobody listens on
+def closed_port() -> int:
+    """A port on 127.0.0.1 that nothing listens on (connections are refused)."""
+    with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    url = f"http://127.0.0.1:{port}/file.bin"
-    with pytest.raises(DownloadError, match="2 attempts failed") as info:
-        download(url, tmp_path / "f.bin", name="toy", retries=2, backoff=0.01, progress=False)
-    assert url in str(info.value)
+        return int(sock.getsockname()[1])
+
+
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every address a socket of this process tries to connect to, recorded."""
+    seen: list[Any] = []
+    real = socket.socket.connect
+
+    def connect(self: socket.socket, address: Any) -> None:
+        seen.append(address)
+        real(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return seen
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every host name this process resolves, recorded."""
+    seen: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(host)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return seen
+
+
+def test_connection_refused_is_retried_once(tmp_path: Path, connects: list[Any]):
+    url = f"http://127.0.0.1:{closed_port()}/file.bin"
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as info:  # default retries=5, backoff=0.5
+        download(url, tmp_path / "f.bin", name="toy", progress=False, hint="use a mirror")
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert url in message and "2 attempts failed; could not connect" in message
+    assert "refused" in message.lower()
+    assert message.endswith("; use a mirror")
+    port = int(url.split(":")[2].split("/")[0])
+    assert [a for a in connects if a[1] == port] == [("127.0.0.1", port)] * 2
+    assert elapsed < 5
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_name_resolution_failure_is_retried_once(tmp_path: Path, lookups: list[str]):
+    url = "http://nonexistent.invalid/datasets/offline_rl/hopper.hdf5"
+    start = time.monotonic()
+    with pytest.raises(DownloadError) as info:
+        download(url, tmp_path / "f.bin", name="toy", progress=False)
+    elapsed = time.monotonic() - start
+    message = str(info.value)
+    assert url in message and "2 attempts failed; could not connect" in message
+    assert "nonexistent.invalid" in message.split("could not connect")[1]
+    assert lookups.count("nonexistent.invalid") == 2
+    assert elapsed < 5
+    assert [p for p in tmp_path.rglob("*") if p.is_file()] == []
+
+
+def test_dropped_bodies_keep_every_retry(serve: Callable[..., Server], tmp_path: Path):
+    """Only failures to connect are cut short; a dropped body keeps its retries and resumes."""
+    server = serve(DroppingHandler)
+    server.drops = 3
+    dest = tmp_path / "file.bin"
+    got = download(server.url, dest, name="toy", sha256=DIGEST, **FAST)
+    assert got.sha256 == DIGEST
+    assert len(server.requests) == 4
 
 
 def test_progress_bar_on_stderr(
@@ -436,10 +545,107 @@ def test_resolve_mirror_keeps_url():
     assert resolve_mirror(url, "https://other.org/", "https://mirror.lan/") == url
 
 
-def test_file_lock(tmp_path: Path):
-    lock = file_lock(tmp_path / "file.bin", timeout=0.1)
-    assert isinstance(lock, filelock.FileLock)
-    assert lock.lock_file == str(tmp_path / "file.bin.lock")
+def test_file_lock_leaves_no_file(tmp_path: Path):
+    lock = file_lock(tmp_path / "sub" / "file.bin", timeout=0.1)
+    assert lock.lock_file == str(tmp_path / "sub" / "file.bin.lock")
     with lock:
         assert lock.is_locked
+        assert os.path.isfile(lock.lock_file)
     assert not lock.is_locked
+    assert os.listdir(tmp_path / "sub") == []
+
+
+def test_file_lock_excludes_and_times_out(tmp_path: Path):
+    holder = file_lock(tmp_path / "file.bin")
+    with holder:
+        other = file_lock(tmp_path / "file.bin", timeout=0.2)
+        start = time.monotonic()
+        with pytest.raises(filelock.Timeout):
+            other.acquire()
+        assert time.monotonic() - start >= 0.2
+        assert not other.is_locked and holder.is_locked
+    with file_lock(tmp_path / "file.bin", timeout=0):  # free again at once
+        pass
+
+
+def test_file_lock_takes_a_stale_lock_file(tmp_path: Path):
+    """A lock file left by a killed process is taken, and removed on release."""
+    (tmp_path / "file.bin.lock").write_bytes(b"")
+    with file_lock(tmp_path / "file.bin", timeout=0):
+        pass
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+def test_file_lock_forked_copy_leaves_the_parents_lock(tmp_path: Path):
+    lock = file_lock(tmp_path / "file.bin")
+    with lock:
+        pid = os.fork()
+        if pid == 0:  # the child drops its copy of the held lock
+            try:
+                lock.release()
+            finally:
+                os._exit(0)
+        os.waitpid(pid, 0)
+        assert os.path.isfile(lock.lock_file)  # still the parent's
+        with pytest.raises(filelock.Timeout):
+            file_lock(tmp_path / "file.bin", timeout=0.1).acquire()
+    assert os.listdir(tmp_path) == []
+
+
+def test_file_lock_mutual_exclusion_while_files_vanish(tmp_path: Path):
+    """Read-modify-write under the lock from many threads: no update lost.
+
+    Each release removes the lock file while others wait on it; a waiter that wins the
+    removed file must notice and queue again, or two threads would hold the lock at once.
+    """
+    counter = tmp_path / "counter"
+    counter.write_text("0")
+    inside: list[int] = []
+    overlaps: list[int] = []
+
+    def work() -> None:
+        for _ in range(40):
+            with file_lock(tmp_path / "counter"):
+                inside.append(1)
+                if len(inside) > 1:
+                    overlaps.append(len(inside))
+                value = int(counter.read_text())
+                time.sleep(0.0005)
+                counter.write_text(str(value + 1))
+                inside.pop()
+
+    threads = [threading.Thread(target=work) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert overlaps == [], "two holders at once"
+    assert counter.read_text() == "160"
+    assert sorted(os.listdir(tmp_path)) == ["counter"]
+
+
+# --- local files ------------------------------------------------------------------------------
+def test_verify_file_never_deletes(tmp_path: Path):
+    file = tmp_path / "mine.hdf5"
+    file.write_bytes(PAYLOAD)
+    assert verify_file(file, name="toy", sha256=DIGEST, size=len(PAYLOAD)) == Downloaded(
+        file, DIGEST, len(PAYLOAD)
+    )
+    with pytest.raises(ChecksumError) as info:
+        verify_file(file, name="toy", sha256="ab" * 32, hint="pass sha256=")
+    assert f"expected sha256 {'ab' * 32}, got {DIGEST}; pass sha256=" in str(info.value)
+    assert repr(str(file)) in str(info.value)
+    with pytest.raises(ChecksumError, match=f"expected 5 bytes, got {len(PAYLOAD)} bytes"):
+        verify_file(file, name="toy", size=5)
+    assert file.read_bytes() == PAYLOAD
+    with pytest.raises(FileNotFoundError, match="is not a file"):
+        verify_file(tmp_path / "missing.hdf5", name="toy")
+
+
+def test_local_path(tmp_path: Path):
+    file = tmp_path / "a b" / "x.hdf5"
+    assert local_path(file.as_uri()) == file
+    assert local_path("https://example.org/x.hdf5") is None
+    with pytest.raises(ValueError, match=r"url: expected a local file:// URL"):
+        local_path("file://server/share/x.hdf5")

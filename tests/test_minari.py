@@ -26,7 +26,7 @@ pytest.importorskip("pyarrow")
 
 from minari.data_collector import EpisodeBuffer  # noqa: E402
 
-import rbdata.datasets.minari as minari_module  # noqa: E402
+import rbdata.datasets._minari_convert as convert_module  # noqa: E402
 from rbdata import SliceSampler  # noqa: E402
 from rbdata.datasets.minari import Minari  # noqa: E402
 from rbdata.errors import MissingExtraError, ReadOnlyError  # noqa: E402
@@ -233,7 +233,7 @@ def test_matches_minari(
     block_rows: int | None,
 ) -> None:
     if block_rows is not None:  # small blocks: episodes accumulated and split across blocks
-        monkeypatch.setattr(minari_module, "_BLOCK_ROWS", block_rows)
+        monkeypatch.setattr(convert_module, "_BLOCK_ROWS", block_rows)
     dataset_id = f"tests/{kind}-{fmt}-v0"
     make_dataset(dataset_id, kind, fmt)
     ds = Minari(dataset_id, cache, backend=backend, progress=False)
@@ -377,6 +377,56 @@ def test_missing_minari_names_the_extra(
         Minari("tests/anything-v0", cache, progress=False)
 
 
+def test_download_without_the_hub_names_the_extra(
+    minari_home: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Minari's default remote needs huggingface_hub: the error gives rbdata's extra, offline."""
+    monkeypatch.delenv("MINARI_REMOTE", raising=False)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # `import ...` raises ImportError
+    monkeypatch.delitem(sys.modules, "minari.storage.remotes.huggingface", raising=False)
+    with pytest.raises(MissingExtraError) as info:
+        Minari("mujoco/hopper/medium-v0", cache, progress=False)  # not local: a download
+    message = str(info.value)
+    assert "'huggingface_hub'" in message and "'mujoco/hopper/medium-v0'" in message
+    assert message.endswith("pip install 'rbdata[minari]'")
+    assert not cache.exists() or list(cache.rglob("*")) == []
+
+
+def test_other_import_errors_keep_their_message(
+    minari_home: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def gcs_missing(*args: Any, **kwargs: Any) -> Any:
+        raise ImportError("google-cloud-storage is not installed: pip install 'minari[gcs]'")
+
+    monkeypatch.setenv("MINARI_REMOTE", "gcp://some-bucket")
+    monkeypatch.setattr(minari, "load_dataset", gcs_missing)
+    with pytest.raises(ImportError, match=r"minari\[gcs\]") as info:
+        Minari("mujoco/hopper/medium-v0", cache, progress=False)
+    assert not isinstance(info.value, MissingExtraError)
+
+
+def test_the_extras_bring_what_remote_downloads_need() -> None:
+    """``rbdata[minari]`` and ``rbdata[test]`` pull ``minari[hf]``: the default remote's client."""
+    import importlib.util
+
+    tomllib = pytest.importorskip("tomllib")
+    from packaging.requirements import Requirement
+
+    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"][
+        "optional-dependencies"
+    ]
+    for extra in ("minari", "test"):
+        wanted = [Requirement(r) for r in extras[extra] if Requirement(r).name == "minari"]
+        assert len(wanted) == 1 and {"hf", "hdf5", "arrow"} <= wanted[0].extras, extra
+    assert importlib.util.find_spec("huggingface_hub") is not None  # the test env has it
+    from minari.storage.remotes import DEFAULT_REMOTE, get_cloud_storage
+
+    assert DEFAULT_REMOTE.startswith("hf://")
+    storage = get_cloud_storage(DEFAULT_REMOTE)  # built offline: no request until a list
+    assert type(storage).__name__ == "HuggingFaceStorage"
+
+
 def test_normalized_score(minari_home: Path, cache: Path) -> None:
     make_dataset("tests/scored-v0", "simple", "hdf5")
     ds = Minari("tests/scored-v0", cache, progress=False)
@@ -452,8 +502,8 @@ def test_failure_midway_leaves_no_entry(
     minari_home: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_dataset("tests/fail-v0", "dict", "hdf5")
-    monkeypatch.setattr(minari_module, "_BLOCK_ROWS", 4)
-    real = minari_module._blocks
+    monkeypatch.setattr(convert_module, "_BLOCK_ROWS", 4)
+    real = convert_module._blocks
     yielded: list[int] = []
 
     def failing(*args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -463,15 +513,14 @@ def test_failure_midway_leaves_no_entry(
         yield block
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(minari_module, "_blocks", failing)
+    monkeypatch.setattr(convert_module, "_blocks", failing)
     with pytest.raises(RuntimeError, match="injected failure"):
         Minari("tests/fail-v0", cache, progress=False)
     assert yielded and 0 < yielded[0] < sum(steps for steps, _ in EPISODES)
-    parent = cache / "minari" / "tests" / "fail-v0"
-    assert not (parent / "memmap").exists()
-    assert [p.name for p in parent.iterdir() if p.name != "memmap.lock"] == []
+    # no entry, no temporary folder, no lock file, no empty folder
+    assert not cache.exists() or list(cache.rglob("*")) == []
 
-    monkeypatch.setattr(minari_module, "_blocks", real)
+    monkeypatch.setattr(convert_module, "_blocks", real)
     ds = Minari("tests/fail-v0", cache, progress=False)
     assert_matches_minari(ds, "tests/fail-v0")
     ds.close()

@@ -5,7 +5,7 @@ else ``$RBDATA_HOME``, else the user cache directory) and is then both a map-sty
 :class:`torch.utils.data.Dataset` and a read-only replay buffer. See ``docs/datasets.md``.
 """
 
-from rbdata.datasets._download import ChecksumError, DownloadError
+from rbdata.datasets._errors import ChecksumError, DownloadError
 from rbdata.datasets.base import OfflineDataset
 from rbdata.datasets.d4rl import D4RL
 from rbdata.datasets.minari import Minari

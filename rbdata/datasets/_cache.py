@@ -7,8 +7,9 @@ Layout of the cache root (``root=``, else ``$RBDATA_HOME``, else the user cache 
     <root>/<family>/<id>/<backend>/storage/         the storage directory (memmap or Arrow)
 
 An entry is built in a temporary sibling directory and renamed into place when complete, under
-a file lock (``<entry>.lock``): a failed or interrupted build leaves no entry, and a second
-process asking for the same entry waits, then opens what the first built.
+a file lock (``<entry>.lock``, removed on release): a failed or interrupted build leaves no
+entry, and a second process asking for the same entry waits, then opens what the first built.
+:func:`prune_empty_dirs` removes the folders a failed build leaves empty.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import filelock
 import platformdirs
 
 from rbdata.checkpoint._atomic import fsync_dir
-from rbdata.datasets._download import file_lock
+from rbdata.datasets._lock import VanishingLock, file_lock
 from rbdata.storages._files import read_meta
 
 __all__ = [
@@ -39,6 +40,7 @@ __all__ = [
     "check_name",
     "entry_dir",
     "lock_for",
+    "prune_empty_dirs",
     "read_entry",
 ]
 
@@ -96,10 +98,51 @@ def entry_dir(root: Path, family: str, name: str, backend: str) -> Path:
     return root.joinpath(family, *check_name(name), backend)
 
 
-def lock_for(path: Path) -> filelock.FileLock:
-    """The inter-process lock guarding ``path`` (a sibling ``<name>.lock`` file)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def lock_for(path: Path) -> VanishingLock | filelock.BaseFileLock:
+    """The inter-process lock guarding ``path`` (a sibling ``<name>.lock`` file).
+
+    Acquiring it creates the folder and the lock file; releasing it removes the file (see
+    :mod:`rbdata.datasets._lock`).
+    """
     return file_lock(path)
+
+
+def prune_empty_dirs(path: Path, root: Path) -> list[Path]:
+    """Remove ``path`` and its parents while they are empty folders strictly below ``root``.
+
+    ``os.rmdir`` removes only an empty folder, so a folder another process is filling stays.
+    Nothing outside ``root`` is touched; symbolic links are not followed.
+
+    Returns:
+        The folders removed, deepest first.
+
+    Examples:
+        >>> import tempfile
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     root = Path(tmp)
+        ...     (root / "d4rl" / "hopper" / "memmap").mkdir(parents=True)
+        ...     (root / "d4rl" / "kept.txt").touch()
+        ...     gone = prune_empty_dirs(root / "d4rl" / "hopper" / "memmap", root)
+        ...     [p.relative_to(root).as_posix() for p in gone], sorted(os.listdir(root / "d4rl"))
+        (['d4rl/hopper/memmap', 'd4rl/hopper'], ['kept.txt'])
+    """
+    removed: list[Path] = []
+    if not path.is_relative_to(root) or ".." in path.relative_to(root).parts:
+        return removed
+    current = path
+    while current != root and current.is_relative_to(root):
+        if current.is_symlink() or not current.is_dir():
+            if current.exists() or current.is_symlink():
+                break
+            current = current.parent  # already gone: look at its parent
+            continue
+        try:
+            current.rmdir()
+        except OSError:  # not empty (or not ours to remove): stop here
+            break
+        removed.append(current)
+        current = current.parent
+    return removed
 
 
 def read_entry(entry: Path) -> dict[str, Any]:

@@ -19,19 +19,21 @@ key                                   from the file
 ====================================  ===================================================
 
 Every ``metadata/*`` entry is kept in :attr:`OfflineDataset.metadata` (text decoded as UTF-8).
+
+The file comes from the catalog's URL (behind ``RBDATA_D4RL_MIRROR`` if set), from ``url=``, or
+from a local copy (``file=``, or a ``file://`` URL or mirror): a local file is verified like a
+download (size and sha256 where the catalog has them, ``sha256=`` instead) and converted in
+place, never copied, modified or deleted.
 """
 
 from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
-from rbdata.datasets._build import Block, write_blocks
 from rbdata.datasets._cache import (
     DATASET_FILE,
     STORAGE_DIR,
@@ -39,11 +41,12 @@ from rbdata.datasets._cache import (
     cache_root,
     entry_dir,
     lock_for,
+    prune_empty_dirs,
 )
 from rbdata.datasets._catalog import D4RL_PREFIX, D4RLEntry, d4rl_entry
+from rbdata.datasets._d4rl_convert import convert_d4rl, read_d4rl_metadata
+from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
 from rbdata.datasets._download import download as fetch
-from rbdata.datasets._download import resolve_mirror
-from rbdata.datasets._json import json_safe
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 
@@ -58,179 +61,6 @@ __all__ = [
 
 FAMILY = "d4rl"
 MIRROR_ENV = "RBDATA_D4RL_MIRROR"
-_REQUIRED = ("observations", "actions", "rewards", "terminals")
-_BLOCK_BYTES = 1 << 25  # rows of a conversion block: at most 32 MiB of row data
-_BLOCK_ROWS = 1 << 16
-
-
-def _h5py() -> Any:
-    import h5py
-
-    return h5py
-
-
-def read_d4rl_metadata(h5: Any) -> dict[str, Any]:
-    """Every dataset below the file's ``metadata`` group, keyed by its path below it.
-
-    Nested groups give keys like ``"policy/fc0/weight"``; text comes back as ``str``.
-    """
-    group = h5.get("metadata")
-    out: dict[str, Any] = {}
-    if group is None:
-        return out
-    h5py = _h5py()
-
-    def visit(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset):
-            out[name] = json_safe(obj[()])
-
-    group.visititems(visit)
-    return out
-
-
-def _infos(h5: Any) -> dict[tuple[str, ...], Any]:
-    group = h5.get("infos")
-    out: dict[tuple[str, ...], Any] = {}
-    if group is None:
-        return out
-    h5py = _h5py()
-
-    def visit(name: str, obj: Any) -> None:
-        if isinstance(obj, h5py.Dataset):
-            key = ("info", *name.split("/"))
-            out[key] = obj
-
-    group.visititems(visit)
-    return out
-
-
-class _Counts:
-    """Filled in while blocks stream: the episodes seen so far."""
-
-    episodes = 0
-
-
-def _check_file(h5: Any, source: str) -> tuple[int, dict[tuple[str, ...], Any]]:
-    """The rows of a D4RL-layout file and its ``infos/*`` datasets; refuse a foreign file."""
-    missing = [name for name in _REQUIRED if name not in h5]
-    if missing:
-        raise ValueError(f"{source}: not a D4RL file, missing datasets {missing}")
-    n = int(h5["observations"].shape[0])
-    columns: dict[str, Any] = {name: h5[name] for name in _REQUIRED}
-    for optional in ("timeouts", "next_observations"):
-        if optional in h5:
-            columns[optional] = h5[optional]
-    infos = _infos(h5)
-    for name, ds in [*columns.items(), *(("/".join(k), v) for k, v in infos.items())]:
-        if not ds.shape or ds.shape[0] != n:
-            raise ValueError(f"{source}: dataset {name!r} has shape {ds.shape}, expected {n} rows")
-    for name in ("rewards", "terminals", "timeouts"):
-        if name in columns and columns[name].shape[1:] not in ((), (1,)):
-            raise ValueError(f"{source}: dataset {name!r} has shape {columns[name].shape}")
-    if "next_observations" in columns and h5["next_observations"].shape != h5["observations"].shape:
-        raise ValueError(f"{source}: next_observations and observations differ in shape")
-    return n, infos
-
-
-def _blocks(
-    h5: Any, n: int, infos: dict[tuple[str, ...], Any], rows: int, counts: _Counts
-) -> Iterator[Block]:
-    # look the datasets up once: h5py's name lookup costs ~0.1 ms a call
-    obs, actions, rewards, terminals = (h5[name] for name in _REQUIRED)
-    next_obs, timeouts = h5.get("next_observations"), h5.get("timeouts")
-    episode = 0
-    for start in range(0, n, rows):
-        stop = min(n, start + rows)
-        m = stop - start
-        # without next_observations, one more row: the next observation of the block's last
-        extended = obs[start : stop if next_obs is not None else min(n, stop + 1)]
-        o = extended[:m]
-        term = np.asarray(terminals[start:stop]).reshape(m) != 0
-        trunc = (
-            np.zeros(m, bool)
-            if timeouts is None
-            else np.asarray(timeouts[start:stop]).reshape(m) != 0
-        )
-        done = term | trunc
-        ids = episode + np.cumsum(done, dtype=np.int64) - done
-        episode += int(done.sum())
-        reward = np.asarray(rewards[start:stop])
-        block: dict[tuple[str, ...], Any] = {
-            ("observation",): o,
-            ("action",): actions[start:stop],
-        }
-        if next_obs is not None:
-            block[("next", "observation")] = next_obs[start:stop]
-        else:
-            following = extended[1:]  # the rows that have a next row in the file
-            valid = ~done
-            valid[len(following) :] = False
-            nxt = o.copy()
-            take = np.flatnonzero(valid)
-            nxt[take] = following[take]
-            block[("next", "observation")] = nxt
-        block[("next", "reward")] = reward.reshape(m, 1)
-        block[("next", "terminated")] = term.reshape(m, 1)
-        block[("next", "truncated")] = trunc.reshape(m, 1)
-        block[("next", "done")] = done.reshape(m, 1)
-        if next_obs is None:
-            block[("next", "valid")] = valid.reshape(m, 1)
-        block[("episode",)] = ids
-        for key, ds in infos.items():
-            block[key] = ds[start:stop]
-        if stop == n:
-            episode += 0 if done[-1] else 1  # a last, unfinished episode
-        counts.episodes = episode
-        yield block
-
-
-def _block_rows(h5: Any) -> int:
-    row = 0
-    for name in ("observations", "next_observations", "actions"):
-        if name in h5:
-            ds = h5[name]
-            row += int(np.prod(ds.shape[1:], dtype=np.int64)) * ds.dtype.itemsize
-    return max(1, min(_BLOCK_ROWS, _BLOCK_BYTES // max(1, 2 * row)))
-
-
-def convert_d4rl(
-    file: str | os.PathLike[str],
-    path: str | os.PathLike[str],
-    backend: str = "memmap",
-    *,
-    rows: int | None = None,
-    progress: bool = True,
-    desc: str = "converting",
-) -> dict[str, Any]:
-    """Convert a D4RL-layout HDF5 file into a new storage directory ``path``, block by block.
-
-    Args:
-        file: the HDF5 file.
-        path: the new storage directory.
-        backend: ``"memmap"`` or ``"arrow"``.
-        rows: rows per block (default: up to 65536, at most ~32 MiB of observations).
-        progress: show a progress bar.
-        desc: label of the progress bar.
-
-    Returns:
-        ``{"transitions", "episodes", "metadata", "keys"}`` (keys: name -> [shape, dtype]).
-    """
-    h5py = _h5py()
-    with h5py.File(file, "r") as h5:
-        n, infos = _check_file(h5, str(file))
-        metadata = read_d4rl_metadata(h5)
-        counts = _Counts()
-        block_rows = rows or _block_rows(h5)
-        layout = write_blocks(
-            _blocks(h5, n, infos, block_rows, counts),
-            n,
-            Path(path),
-            backend,
-            desc=desc,
-            progress=progress,
-        )
-    keys = {"/".join(leaf.key): [list(leaf.shape), str(leaf.dtype)[6:]] for leaf in layout.leaves}
-    return {"transitions": n, "episodes": counts.episodes, "metadata": metadata, "keys": keys}
 
 
 def d4rl_download_path(root: Path, entry: D4RLEntry, url: str | None = None) -> Path:
@@ -251,16 +81,22 @@ class D4RL(OfflineDataset):
     The first construction downloads the HDF5 file into the cache (``root``, else
     ``$RBDATA_HOME``, else the user cache directory), converts it block by block into a
     memory-mapped storage and opens it; later constructions open the converted entry in
-    milliseconds without the network or the HDF5 file.
+    milliseconds without the network or the HDF5 file. With ``file=`` (e.g. D4RL's own
+    ``~/.d4rl/datasets/hopper_medium-v2.hdf5``) the local file is verified and converted
+    instead, without the network.
 
     Args:
         name: the D4RL id, e.g. ``"hopper-medium-v2"`` (see ``rbdata datasets list``).
         root: the cache root.
-        download: download the file if it is not in the cache (else raise).
+        download: download the file if it is not in the cache (else raise). With ``False``
+            no connection is ever opened: the file must be in the cache or local.
         backend: ``"memmap"`` or ``"arrow"`` storage.
-        url: the full URL of this one file (a mirror), instead of the catalog's. The
-            environment variable ``RBDATA_D4RL_MIRROR`` replaces the catalog's
-            ``http://rail.eecs.berkeley.edu/datasets/offline_rl/`` prefix instead.
+        url: the full URL of this one file (a mirror), instead of the catalog's; a
+            ``file://`` URL is a local file. The environment variable ``RBDATA_D4RL_MIRROR``
+            replaces the catalog's ``http://rail.eecs.berkeley.edu/datasets/offline_rl/``
+            prefix instead (a ``file://`` mirror is a local folder).
+        file: a local copy of the HDF5 file, verified like a download and converted from
+            where it is (not copied, never modified or deleted).
         sha256: the expected digest of the file, replacing the catalog's sha256 and size
             (a mirror may serve a re-packed file).
         sampler: sampler of :meth:`~OfflineDataset.sample` and iteration (default uniform).
@@ -270,10 +106,15 @@ class D4RL(OfflineDataset):
 
     Raises:
         KeyError: an unknown id.
-        FileNotFoundError: ``download=False`` and the dataset is not in the cache.
-        rbdata.datasets.ChecksumError: the download's sha256 or size is not the expected one
-            (nothing is cached).
-        rbdata.datasets.DownloadError: the download failed after retries.
+        ValueError: both ``file`` and ``url``, a malformed ``sha256``, or a sample id without
+            a source (the message says how to build the sample).
+        FileNotFoundError: ``download=False`` and the dataset is neither converted nor in the
+            cache, or ``file`` does not exist.
+        rbdata.datasets.ChecksumError: the file's size or sha256 is not the expected one; the
+            message names the file and both values (nothing is cached; a file that was already
+            there is kept).
+        rbdata.datasets.DownloadError: the download failed; the message ends with the ways
+            out (a mirror, a local file).
     """
 
     def __init__(
@@ -284,6 +125,7 @@ class D4RL(OfflineDataset):
         download: bool = True,
         backend: str = "memmap",
         url: str | None = None,
+        file: str | os.PathLike[str] | None = None,
         sha256: str | None = None,
         sampler: Sampler | None = None,
         batch_size: int | None = None,
@@ -291,6 +133,8 @@ class D4RL(OfflineDataset):
         progress: bool = True,
     ) -> None:
         entry = d4rl_entry(name)
+        if file is not None and url is not None:
+            raise ValueError(f"file, url: pass one of them, not both; got {file=!r}, {url=!r}")
         base = cache_root(root)
         target = entry_dir(base, FAMILY, name, backend)
         if not (target / DATASET_FILE).is_file():
@@ -301,25 +145,63 @@ class D4RL(OfflineDataset):
                 backend,
                 download=download,
                 url=url,
+                file=file,
                 sha256=sha256,
                 progress=progress,
             )
         super().__init__(target, sampler=sampler, batch_size=batch_size, transform=transform)
 
 
+def _sample_advice(entry: D4RLEntry) -> str:
+    return (
+        f"build it with `rbdata datasets sample d4rl/{entry.id} --out FILE`, then pass "
+        f"file=FILE (`rbdata datasets download d4rl/{entry.id} --file FILE`)"
+    )
+
+
+def _way_out(entry: D4RLEntry) -> str:
+    """How to get ``entry`` without its host: a mirror or a local file."""
+    if entry.is_sample:
+        return f"{_sample_advice(entry)}, or set {MIRROR_ENV} to a mirror that serves it"
+    return (
+        f"to get it another way, set {MIRROR_ENV} to a mirror of {D4RL_PREFIX} (a URL or a "
+        f"file:// folder), or use a local copy of the file: D4RL({entry.id!r}, file=PATH), "
+        f"or `rbdata datasets download d4rl/{entry.id} --file PATH`"
+    )
+
+
 def source_url(entry: D4RLEntry, url: str | None = None) -> str:
-    """The URL to download ``entry`` from: ``url``, else the catalog's behind the mirror."""
+    """The URL to download ``entry`` from: ``url``, else the catalog's behind the mirror.
+
+    Raises:
+        ValueError: a sample id (served by a mirror only) without ``url`` or a mirror; the
+            message says how to build the sample file.
+    """
     if url is not None:
         return url
     mirror = os.environ.get(MIRROR_ENV)
     if entry.is_sample:
         if not mirror:
             raise ValueError(
-                f"{entry.id!r} is an rbdata sample dataset, served by a mirror only: set "
-                f"{MIRROR_ENV} (see `make demo`) or pass url="
+                f"{entry.id!r} is an rbdata sample dataset, not on the D4RL host: {_way_out(entry)}"
             )
         return resolve_mirror(D4RL_PREFIX + entry.url, D4RL_PREFIX, mirror)
     return resolve_mirror(entry.url, D4RL_PREFIX, mirror)
+
+
+def _local_source(
+    entry: D4RLEntry, file: str | os.PathLike[str] | None, url: str | None
+) -> tuple[Path, str] | None:
+    """The local file to convert and its URL: ``file=``, a ``file://`` url or mirror, else None."""
+    if file is not None:
+        path = Path(file).expanduser().absolute()
+        return path, path.as_uri()
+    mirror = os.environ.get(MIRROR_ENV)
+    if url is None and not (mirror and local_path(mirror) is not None):
+        return None
+    href = source_url(entry, url)
+    found = local_path(href)
+    return None if found is None else (found.expanduser().absolute(), href)
 
 
 def prepare(
@@ -332,28 +214,37 @@ def prepare(
     url: str | None,
     sha256: str | None,
     progress: bool,
+    file: str | os.PathLike[str] | None = None,
 ) -> None:
-    """Download (if needed) and convert ``entry`` into the cache entry ``target``."""
-    href = source_url(entry, url)
-    file = d4rl_download_path(base, entry, url)
+    """Get the file of ``entry`` (local, cached or downloaded) and convert it into ``target``.
+
+    A failure leaves nothing behind: no entry, no lock file, no empty folder (a partial
+    download with bytes in it stays, for the next call to resume).
+    """
     expected_sha = sha256.lower() if sha256 else entry.sha256
     expected_size = None if sha256 else entry.size
+    local = _local_source(entry, file, url)
+    cached = d4rl_download_path(base, entry, url)
 
     def build(tmp: Path) -> dict[str, Any]:
-        with lock_for(file):
-            if not file.is_file() and not download:
-                raise FileNotFoundError(
-                    f"D4RL dataset {entry.id!r} is not in the cache ({target}); pass "
-                    "download=True or run `rbdata datasets download d4rl/" + entry.id + "`"
-                )
-            got = fetch(
-                href,
-                file,
+        where: dict[str, Any]
+        if local is not None:
+            path, href = local
+            got = verify_file(
+                path,
                 name=entry.id,
                 sha256=expected_sha,
                 size=expected_size,
-                progress=progress,
+                hint="the file is left as it is; pass sha256= (--sha256) with its digest to "
+                "use it anyway",
             )
+            where = {"url": href, "path": str(path)}
+        else:
+            got, fetched = _cached_file(
+                entry, cached, url, download, expected_sha, expected_size, progress
+            )
+            where = {"url": fetched} if fetched is not None else {}
+            where["file"] = got.path.relative_to(base).as_posix()
         info = convert_d4rl(
             got.path, tmp / STORAGE_DIR, backend, progress=progress, desc=f"{entry.id} ({backend})"
         )
@@ -363,8 +254,7 @@ def prepare(
             "backend": backend,
             **info,
             "source": {
-                "url": href,
-                "file": str(got.path.relative_to(base)),
+                **where,
                 "size": got.size,
                 "sha256": got.sha256,
                 "sha256_verified": expected_sha is not None,
@@ -373,4 +263,51 @@ def prepare(
             "ref_max_score": entry.ref_max_score,
         }
 
-    build_entry(target, build)
+    try:
+        build_entry(target, build)
+    except BaseException:
+        prune_empty_dirs(target.parent, base)
+        prune_empty_dirs(cached.parent, base)
+        raise
+
+
+def _cached_file(
+    entry: D4RLEntry,
+    file: Path,
+    url: str | None,
+    download: bool,
+    sha256: str | None,
+    size: int | None,
+    progress: bool,
+) -> tuple[Downloaded, str | None]:
+    """The verified file in the cache's downloads, fetched if missing and ``download``."""
+    with lock_for(file):
+        if file.is_file():  # there already: verified, never deleted, no network
+            try:
+                href: str | None = source_url(entry, url)
+            except ValueError:
+                href = None
+            how = f" (`rbdata datasets remove d4rl/{entry.id}`)" if url is None else ""
+            kept = (
+                f"the file is kept: delete it{how} to download it again, or pass sha256= "
+                "(--sha256) with the digest of a file you trust"
+            )
+            got = verify_file(file, name=entry.id, sha256=sha256, size=size, hint=kept)
+            return got, href
+        if not download:
+            raise FileNotFoundError(
+                f"D4RL dataset {entry.id!r} is not in the cache ({file}) and download=False: "
+                f"pass download=True (`rbdata datasets download d4rl/{entry.id}`), or "
+                f"{_sample_advice(entry) if entry.is_sample else _way_out(entry)}"
+            )
+        href = source_url(entry, url)
+        got = fetch(
+            href,
+            file,
+            name=entry.id,
+            sha256=sha256,
+            size=size,
+            progress=progress,
+            hint=_way_out(entry),
+        )
+        return got, href
