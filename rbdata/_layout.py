@@ -17,7 +17,7 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
 __all__ = [
     "EMPTY_BATCH",
@@ -126,7 +126,16 @@ def _to_tensor(value: Any, name: str) -> torch.Tensor:
         return torch.from_numpy(value)
     if isinstance(value, (numbers.Number, np.generic)) and not isinstance(value, str):
         return torch.as_tensor(value)
-    raise TypeError(f"key {name}: expected a tensor, array or number, got {type(value).__name__}")
+    hint = ""
+    if isinstance(value, (str, *_NON_TENSOR)):
+        hint = " (strings are kept by an ArrowStorage)"
+    raise TypeError(
+        f"key {name}: expected a tensor, array or number, got {type(value).__name__}{hint}"
+    )
+
+
+#: what a TensorDict holds for strings (and other objects): one leaf each, never walked into
+_NON_TENSOR = (NonTensorData, NonTensorStack)
 
 
 def _walk(data: Any, prefix: Key, out: dict[Key, Any]) -> None:
@@ -136,11 +145,33 @@ def _walk(data: Any, prefix: Key, out: dict[Key, Any]) -> None:
         key = (*prefix, k) if type(k) is str else (*prefix, *k)
         if type(v) is torch.Tensor:
             out[key] = v
-        elif type(v) is TensorDict or type(v) is dict or isinstance(v, (Mapping, TensorDictBase)):
+        elif type(v) is TensorDict or type(v) is dict:
+            _walk(v, key, out)
+        elif isinstance(v, _NON_TENSOR):  # a TensorDictBase with no entries of its own
+            out[key] = v
+        elif isinstance(v, (Mapping, TensorDictBase)):
             # (exact types first: the ABC isinstance costs ~0.5 us on the per-step path)
             _walk(v, key, out)
         else:
             out[key] = v
+
+
+def _non_tensor_value(value: Any) -> Any:
+    """The Python value(s) of a TensorDict's non-tensor leaf: a list for a batch, else one.
+
+    ``rb.storage[[0, 1]]["text"]`` is a ``NonTensorStack`` and ``rb.storage[0]["text"]`` a
+    ``NonTensorData``; a TensorDict built from a list of ``str`` (or of tensors of varying
+    length) holds a ``NonTensorStack`` too. Anything else is returned as it is.
+
+    Examples:
+        >>> _non_tensor_value(NonTensorStack.from_list(["a", "b"]))
+        ['a', 'b']
+        >>> _non_tensor_value(NonTensorData("a")), _non_tensor_value("a")
+        ('a', 'a')
+    """
+    if not isinstance(value, _NON_TENSOR):
+        return value
+    return value.tolist() if value.batch_dims else value.data
 
 
 def flatten(data: Any) -> tuple[str, dict[Key, Any]]:
@@ -237,6 +268,7 @@ def _is_jagged(value: Any) -> bool:
 def _variable_leaf(key: Key, value: Any, batched: bool, ragged: bool) -> Leaf | None:
     """The string or ragged leaf of a first write, or ``None`` for a fixed-shape tensor."""
     name = key_name(key)
+    value = _non_tensor_value(value)
     if isinstance(value, str) and not batched:
         return Leaf(key, (), torch.uint8, STRING)
     if batched and isinstance(value, (list, tuple)):
@@ -270,6 +302,7 @@ def _split_variable(
     items that need no change are not copied.
     """
     name = leaf.name
+    value = _non_tensor_value(value)  # a TensorDict holds lists of str or tensors this way
     if leaf.kind == STRING:
         items = value if batched else [value]
         if not isinstance(items, (list, tuple)) or not all(isinstance(v, str) for v in items):

@@ -304,6 +304,22 @@ class ReplayBuffer:
         """
         checkpoint.dump(*self._components(), path, fsync=fsync)
 
+    def _loads_into(
+        self,
+        path: str | os.PathLike[str],
+        transform: Callable[[Any], Any] | None = None,
+        *,
+        verify: bool = False,
+    ) -> ReplayBuffer:
+        """``rb.loads(path)`` on a buffer: :meth:`load`, then ``rb`` (see :meth:`loads`)."""
+        if transform is not None and not callable(transform):
+            raise TypeError(f"transform must be callable, got {type(transform).__name__}")
+        self.load(path, verify=verify)
+        if transform is not None:
+            self.transform = transform
+        return self
+
+    @checkpoint.LoadsDescriptor.in_place(_loads_into)
     @classmethod
     def loads(
         cls,
@@ -312,40 +328,74 @@ class ReplayBuffer:
         *,
         verify: bool = False,
     ) -> ReplayBuffer:
-        """Rebuild a buffer from checkpoint directory ``path``, without constructing one first.
+        """A new buffer from checkpoint ``path`` (on the class); on a buffer, load into it.
 
+        ``ReplayBuffer.loads(path)`` builds a **new** buffer, without constructing one first:
+        storage, sampler, writer and batch size come from the checkpoint's metadata.
         Memory-mapped data is mapped copy-on-write, not read: loading is fast whatever the
         size, and writes made afterwards stay in this process (the checkpoint never
         changes). Sampling continues exactly where the saved buffer was. Every field of the
         metadata, every file name and size is checked before anything is built.
 
+        ``rb.loads(path)`` (called on a buffer: torchrl's spelling) loads **into** ``rb``
+        and returns ``rb``: it is :meth:`load`. The components must match the checkpoint's
+        (classes and configuration), or a ``ValueError`` says what differs and ``rb`` is
+        left as it was; the items are copied into ``rb``'s own storage, so its files, its
+        device and a ``DataLoader`` already reading ``rb.storage`` stay valid. Its
+        ``batch_size`` is kept, and ``transform`` replaces its transform if given.
+
         Args:
             path: a directory written by :meth:`dumps`.
-            transform: the transform of the new buffer (transforms are not saved).
+            transform: the buffer's transform (transforms are not saved).
             verify: check every file against the CRC-32 that :meth:`dumps` recorded (reads
                 every byte once). ``False`` (default) keeps loading lazy.
+
+        Returns:
+            The new buffer, or ``rb`` itself when called on a buffer.
 
         Raises:
             rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint,
                 naming the file and the field; with ``verify=True`` also for a file whose
                 bytes changed, and for a checkpoint written without checksums (by an rbdata
                 older than ``verify``; load it with ``verify=False``).
+            ValueError: called on a buffer whose components differ from the checkpoint's.
+
+        Examples:
+            >>> import tempfile
+            >>> import torch
+            >>> from rbdata.storages import TensorStorage
+            >>> rb = ReplayBuffer(TensorStorage(100), batch_size=4)
+            >>> rb.extend(torch.arange(10.0)).shape
+            torch.Size([10])
+            >>> path = tempfile.mkdtemp() + "/ckpt"
+            >>> rb.dumps(path, fsync=False)
+            >>> new = ReplayBuffer.loads(path)  # a new buffer
+            >>> new is rb, len(new)
+            (False, 10)
+            >>> resumed = ReplayBuffer(TensorStorage(100), batch_size=4)
+            >>> resumed.loads(path) is resumed, len(resumed)  # into this one
+            (True, 10)
         """
         storage, sampler, writer, batch_size = checkpoint.load(path, verify=verify)
         return cls(storage, sampler, writer, transform=transform, batch_size=batch_size)
 
-    def load(self, path: str | os.PathLike[str]) -> None:
+    def load(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
         """Load checkpoint ``path`` into this buffer (its components must match).
 
         The storage, sampler and writer classes and their configuration (capacity, priority
         exponents...) must equal the checkpoint's; the items are copied into this buffer's
-        own storage. ``batch_size`` and ``transform`` are kept.
+        own storage. ``batch_size`` and ``transform`` are kept. ``rb.loads(path)`` does the
+        same and returns ``rb``.
+
+        Args:
+            path: a directory written by :meth:`dumps`.
+            verify: check every file against its recorded CRC-32 first (see :meth:`loads`).
 
         Raises:
             ValueError: if the components differ (nothing is changed then).
             rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint.
         """
-        self._adopt(checkpoint.load(path), str(path))
+        self._adopt(checkpoint.load(path, verify=verify), str(path))
 
     def state_dict(self) -> dict[str, Any]:
         """The whole buffer as a dict for ``torch.save`` (small buffers).
@@ -370,19 +420,7 @@ class ReplayBuffer:
 
     def _adopt(self, parts: checkpoint.Components, source: str) -> None:
         """Check that ``parts`` match this buffer's components, then take their contents."""
-        mine = self._components()
-        try:
-            for kind, theirs, own in zip(
-                ("storage", "sampler", "writer"), parts, mine, strict=False
-            ):
-                _check_same(kind, theirs, own, source)
-            checkpoint.copy_storage(parts[0], self.storage)
-        finally:
-            close = getattr(parts[0], "close", None)
-            if close is not None:  # a private copy (Arrow) or mapping of the checkpoint
-                close()
-        self.sampler.load_state_dict(parts[1].state_dict())
-        self.writer.load_state_dict(parts[2].state_dict())
+        checkpoint.load_into(parts, *self._components()[:3], source)
         if self._seen is not None:  # the copied items are not other processes' writes
             self._seen = self.storage.write_count
 
@@ -396,19 +434,3 @@ def _takes_check(method: Any) -> bool:
     return "check" in parameters or any(
         p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()
     )
-
-
-def _check_same(kind: str, theirs: Any, own: Any, source: str) -> None:
-    if type(theirs) is not type(own):
-        raise ValueError(
-            f"{kind}: {source} holds a {type(theirs).__name__}, this buffer has a "
-            f"{type(own).__name__}"
-        )
-    a, b = theirs.config(), own.config()
-    diff = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k))
-    if kind == "storage" and "device" in diff:  # a tensor storage may load onto any device
-        diff.remove("device")
-    if diff:
-        given = ", ".join(f"{k}={a.get(k)!r}" for k in diff)
-        expected = ", ".join(f"{k}={b.get(k)!r}" for k in diff)
-        raise ValueError(f"{kind}: {source} has {given}, this buffer has {expected}")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import pickle
+import shutil
 import signal
 import struct
 import subprocess
@@ -401,15 +402,16 @@ def test_rows_dropped_without_close_are_there_on_reopen(tmp_path: Path) -> None:
 
 
 def test_a_torn_last_journal_record_is_dropped_whole(tmp_path: Path) -> None:
-    path = tmp_path / "rb"
+    path, killed = tmp_path / "rb", tmp_path / "killed"
     storage = ArrowStorage(16, path=path, chunk_size=4)
     storage.set(slice(0, 3), batch(range(3)))
     storage.set(slice(3, 9), batch(range(3, 9)))
-    journal = path / "_journal.bin"
+    shutil.copytree(path, killed)  # the files as a SIGKILL now leaves them
+    storage.close()
+    journal = killed / "_journal.bin"
     data = journal.read_bytes()
     journal.write_bytes(data[:-5])  # the second record cut short, as by a kill
-    del storage
-    again = ArrowStorage.open(path)
+    again = ArrowStorage.open(killed)
     assert len(again) == 3 and again.next_slot == 3
     assert again[torch.arange(3)]["text"].tolist() == ["t0", "t1", "t2"]
     again.close()

@@ -8,7 +8,8 @@ memory-mapped arrays or Arrow IPC files). Loading reads JSON and raw arrays only
 classes are looked up in a registry of known classes, never imported by name.
 
 :class:`~rbdata.ReplayBuffer` exposes this as ``dumps``/``loads``/``load`` and
-``state_dict``/``load_state_dict``.
+``state_dict``/``load_state_dict``; :func:`load_into` copies loaded components into a
+buffer's own (``rb.load``, and ``rb.loads`` called on a buffer).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ from rbdata.checkpoint._atomic import fsync_dir, live_dir, new_staging, publish
 from rbdata.checkpoint._checksum import ALGORITHM
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
+from rbdata.checkpoint._in_place import LoadsDescriptor, load_into
 from rbdata.checkpoint._storages import (
     check_storage,
     copy_storage,
@@ -49,10 +51,12 @@ __all__ = [
     "FORMAT_VERSION",
     "CheckpointError",
     "Components",
+    "LoadsDescriptor",
     "component_class",
     "copy_storage",
     "dump",
     "load",
+    "load_into",
     "register",
     "state_dict",
     "from_state_dict",

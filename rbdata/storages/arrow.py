@@ -10,7 +10,7 @@ On disk, a storage directory holds:
 
 Names starting with ``_`` or ``.`` are skipped by ``pyarrow.dataset``, so
 ``pyarrow.dataset.dataset(path, format="arrow")`` (and polars, duckdb) read exactly the stored
-rows once the storage is flushed or closed.
+rows once the storage is flushed, closed or dropped.
 
 - ``_journal.bin`` (only between flushes): the redo journal, see below.
 
@@ -34,7 +34,10 @@ returned is there after :meth:`open`, and the one cut by the kill is wholly abse
 record is short or fails its checksum, and it was never applied) or wholly present — never
 torn, even when it overwrote a full ring in place. A kill keeps the page cache, so none of
 this waits for the disk; surviving a power loss needs :meth:`flush` (fsync). Chunk files are
-plain Arrow once flushed or closed.
+plain Arrow once flushed or closed — or dropped: like a Python file, a storage dropped without
+:meth:`close` (``del``, garbage collection, interpreter exit) writes its rows to the chunk
+files then (without fsync; see ``_arrow_lifecycle.py``). Only a kill leaves rows in the
+journal alone, for :meth:`open`.
 
 **Every file is checked when it is opened** (``_arrow_checks.py``): the metadata's fields,
 types and ranges before anything is allocated; each chunk file's schema, row count, every
@@ -55,6 +58,7 @@ import json
 import mmap
 import os
 import warnings
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -75,6 +79,7 @@ from rbdata.storages._arrow_checks import (
     parse_meta,
 )
 from rbdata.storages._arrow_journal import JOURNAL_FILE, Journal, read_journal
+from rbdata.storages._arrow_lifecycle import flush_when_dropped
 from rbdata.storages._files import check_dir, inside, open_nofollow, storage_dir
 from rbdata.storages.base import Prepared, Storage
 
@@ -265,6 +270,8 @@ class ArrowStorage(Storage):
         self._init_state()
         self._write_meta()
         self._journal: Journal | None = Journal(root)
+        # flushed when dropped unclosed (del, gc, exit), as files are: _arrow_lifecycle.py
+        self._dropped: weakref.finalize | None = flush_when_dropped(self)
 
     def _init_state(self) -> None:
         # chunks that hold rows, by number: nothing allocated per chunk the capacity allows
@@ -280,6 +287,7 @@ class ArrowStorage(Storage):
         self._closed = False
         # the one process that may write (Arrow chunks and the journal are not shareable)
         self._owner_pid = os.getpid()
+        self._dropped = None  # the finalizer that flushes a dropped storage
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
@@ -351,6 +359,7 @@ class ArrowStorage(Storage):
             records = read_journal(root, self._epoch)
             self._journal = Journal(root)
             self._replay(records)
+            self._dropped = flush_when_dropped(self)
         return self
 
     def _replay(self, records: list[tuple[int, memoryview]]) -> None:
@@ -393,6 +402,9 @@ class ArrowStorage(Storage):
             return
         if self._finalizer is None:
             self.flush()
+        if self._dropped is not None:
+            self._dropped.detach()
+            self._dropped = None
         self._chunks = {}
         self._addresses = None
         if self._journal is not None:
