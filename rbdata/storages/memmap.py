@@ -28,9 +28,10 @@ the receiver), when the process forks (``os.register_at_fork``: parent and child
 of this process), the layout written by another process is mapped first, and the counter is
 raised after the header is published. So concurrent writers never lose, duplicate or tear an
 item, and the shared length counts finished writes only. An unshared storage (one process)
-takes no lock. Readers take no lock: a reader racing an overwrite of a full ring may read a
-row half old, half new (measured in ``docs/distributed.md``); hold :meth:`write_lock` while
-reading to exclude that.
+takes no lock. Readers take no lock either, and never return a torn row (half old, half new)
+of a slot another process overwrites meanwhile: ``versions.bin`` holds one sequence word per
+slot, odd while a writer changes the slot, and a read re-reads the rows whose words moved
+(``rbdata/storages/_versions.py``).
 """
 
 from __future__ import annotations
@@ -72,6 +73,7 @@ from rbdata.storages._memmap_files import (
 from rbdata.storages._packed import PackedRow
 from rbdata.storages._shared import SharedState
 from rbdata.storages._unpack import numpy_views
+from rbdata.storages._versions import VERSIONS_FILE, SlotVersions, consistent_rows
 from rbdata.storages.base import Prepared
 from rbdata.storages.tensor import TensorStorage
 
@@ -120,6 +122,8 @@ class MemmapStorage(TensorStorage):
     """
 
     _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
+    _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
+    _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
 
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_size, device="cpu")
@@ -318,6 +322,9 @@ class MemmapStorage(TensorStorage):
         if getattr(self, "_header", None) is not None:
             self._header.close()
             self._header = None  # type: ignore[assignment]
+        if self._versions is not None:
+            self._versions.close()
+            self._versions = None
         if getattr(self, "_state", None) is not None:
             self._state.close()
             self._state = None  # type: ignore[assignment]
@@ -364,6 +371,7 @@ class MemmapStorage(TensorStorage):
             state = SharedState(inside(self._path, SHARED_FILE), seed=self._state.writes)
             self._state.close()
             self._state = state
+        self._versions = SlotVersions(inside(self._path, VERSIONS_FILE), self.capacity)
         self._shared = True
 
     @property
@@ -381,13 +389,18 @@ class MemmapStorage(TensorStorage):
         """
         self._check_open()
         state = self._state
-        state.lock()
+        outer = self._lock_depth == 0  # nested (a reader's fallback inside a locked read)
+        if outer:
+            state.lock()
+        self._lock_depth += 1
         try:
             if self._layout is None:
                 self._current_layout()
             yield
         finally:
-            state.unlock()
+            self._lock_depth -= 1
+            if outer:
+                state.unlock()
 
     @property
     def write_count(self) -> int:
@@ -459,14 +472,20 @@ class MemmapStorage(TensorStorage):
             last = int(index[-1]) + 1 if count else header.next
             live = bool(count) and int(index.min()) < length
         new_length, new_next = max(length, top), last % self.capacity
-        if live and not self._private:
-            self._journaled(index, prepared.payload, new_length, new_next)
-        else:
-            if isinstance(index, int):
-                self._write_one(index, prepared.payload)
+        versions = self._versions if self._shared else None
+        marked = None if versions is None else versions.begin(index)  # readers re-read these
+        try:
+            if live and not self._private:
+                self._journaled(index, prepared.payload, new_length, new_next)
             else:
-                self._write(index, prepared.payload)
-            header.publish(new_length, new_next)
+                if isinstance(index, int):
+                    self._write_one(index, prepared.payload)
+                else:
+                    self._write(index, prepared.payload)
+                header.publish(new_length, new_next)
+        finally:
+            if marked is not None:
+                versions.end(marked)  # type: ignore[union-attr]
         before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
 
@@ -487,6 +506,21 @@ class MemmapStorage(TensorStorage):
                 self._header.address(),
                 self._state.local_counter(),
             )
+
+    def _rows(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """:meth:`TensorStorage._rows`; shared: no row torn by another process's write."""
+        versions = self._versions
+        if versions is None:
+            return super()._rows(idx)
+        return consistent_rows(versions, idx, super()._rows, self.write_lock)
+
+    def _get(self, index: int) -> Any:
+        if self._versions is None:
+            return super()._get(index)
+        layout = self._layout
+        assert layout is not None  # len() > 0 implies a layout
+        rows = self._rows(torch.tensor([index]))  # a consistent copy, not a view
+        return layout.assemble([t[0] for t in rows], torch.Size(), self.device)
 
     def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """:meth:`TensorStorage._add_fast`; a small layout's item packed and written at once.
@@ -582,7 +616,12 @@ class MemmapStorage(TensorStorage):
             journal = self._journal = Journal(file, layout, self.capacity)
             journal.lock_shared()
         if journal.committed:  # left by a writer that died: finish it first
-            self._apply(*journal.read())
+            transaction = journal.read()
+            versions = self._versions if self._shared else None
+            marked = None if versions is None else versions.begin(transaction[1])
+            self._apply(*transaction)
+            if marked is not None:
+                versions.end(marked)  # type: ignore[union-attr]
             journal.clear()
         return journal
 

@@ -307,15 +307,14 @@ class TensorStorage(Storage):
             buf[index] = t
 
     def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
-        buffers = self._buffers if self._mapped is None else self._tensors()
         if self._plain:  # plain-tensor items: one gather, nothing to assemble
-            return torch.index_select(buffers[0], 0, idx.to(self._device, non_blocking=idx.is_cpu))
+            return self._rows(idx.to(self._device, non_blocking=idx.is_cpu))[0]
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
         if idx.device != self._device:  # host to GPU without waiting; GPU to host waits
             idx = idx.to(self._device, non_blocking=idx.is_cpu)
-        tensors = [torch.index_select(buf, 0, idx) for buf in buffers]
+        tensors = self._rows(idx)
         device: torch.device | None = self.device
         if extra:
             for key, value in extra.items():
@@ -325,6 +324,11 @@ class TensorStorage(Storage):
                     elif not _same_device(value.device, self._device):
                         device = None  # a GPU sampler's stay on its GPU: a mixed batch
         return layout.assemble(tensors, torch.Size((idx.shape[0],)), device, extra)
+
+    def _rows(self, idx: torch.Tensor) -> list[torch.Tensor]:
+        """Every leaf's rows at ``idx`` (on the storage's device): one ``index_select`` each."""
+        buffers = self._buffers if self._mapped is None else self._tensors()
+        return [torch.index_select(buf, 0, idx) for buf in buffers]
 
     def _get(self, index: int) -> Any:
         layout = self._layout

@@ -11,9 +11,13 @@ outside the lock (validation, building the batch); the scaling is reported, not 
 Workload 2 (one machine): readers racing overwrites of a full ring. A writer process
 overwrites continuously while ``DataLoader(num_workers=2)`` reads random batches; the fraction
 of torn rows (fields of two different writes) is reported, without and with reads under the
-storage's write lock (``storage.write_lock()``), with the read throughput of both.
+storage's write lock (``storage.write_lock()``), with the read throughput of both. Readers of
+a shared storage check per-slot version words (``rbdata/storages/_versions.py``): both
+fractions must be 0.
 
-Workload 3 (Ray): ``tests/benchmarks/_bench_ray.py`` (written with the Ray work), skipped with
+Workload 3 (one machine): the cost of those versions on a read of a shared storage
+(``storage[idx]``) against the same read of the same files opened unshared. Target: <= 1.10x.
+Workload 4 (Ray): ``tests/benchmarks/_bench_ray.py`` (written with the Ray work), skipped with
 a note when ``ray`` is not installed.
 
 Usage::
@@ -204,6 +208,38 @@ def bench_torn_reads(cfg: Config, rep: Report) -> None:
         f"torn rows under the lock:   {torn_l} of {rows_l} ({100 * torn_l / max(rows_l, 1):.3f}%)"
     )
     rep.value("torn fraction under the lock (must be 0)", torn_l / max(rows_l, 1), 0.0)
+    rep.value("torn fraction without the lock (must be 0)", torn / max(rows, 1), 0.0)
+
+
+def bench_version_check(cfg: Config, rep: Report) -> None:
+    """What the per-slot versions cost a read of a shared storage, with no writer racing."""
+    cap, bs = 20_000, 256
+    rep.section(
+        f"3. storage[idx] of {bs} random rows of a MemmapStorage({cap}), shared (versions "
+        "checked around the gather) vs the same files opened unshared, no writer",
+        "the same gather of the same files without the version words (unshared)",
+    )
+    storage = MemmapStorage(cap)
+    rb = ReplayBuffer(storage=storage)
+    rb.extend(_code_batch(cap, 1))
+    plain = MemmapStorage.open(storage.path)  # unshared: no versions
+    storage.share()
+    gen = torch.Generator().manual_seed(0)
+    idx = [torch.randint(cap, (bs,), generator=gen) for _ in range(64)]
+    state = {"i": 0}
+
+    def pick() -> torch.Tensor:
+        state["i"] = (state["i"] + 1) % len(idx)
+        return idx[state["i"]]
+
+    try:
+        assert (storage[idx[0]] == plain[idx[0]]).all()
+        t = measure({"shared": lambda: storage[pick()], "plain": lambda: plain[pick()]}, cfg)
+        rep.ratio("shared read (versions checked)", t["shared"], t["plain"], 1.10)
+    finally:
+        plain.close()
+        storage.close()
+        free()
 
 
 # --- workload 3: Ray (written by the Ray work in tests/benchmarks/_bench_ray.py) -----------
@@ -224,6 +260,7 @@ def _ray_workloads() -> list[Callable[[Config, Report], None]]:
 WORKLOADS: list[Callable[[Config, Report], None]] = [
     bench_writers,
     bench_torn_reads,
+    bench_version_check,
     *_ray_workloads(),  # the Ray work's benchmarks
 ]
 

@@ -1,0 +1,211 @@
+"""``versions.bin`` of a shared :class:`~rbdata.storages.MemmapStorage`: one word per slot.
+
+Readers of a shared storage take no lock, so a read can overlap a write of the same slot
+(a full ring being overwritten by another process). Each slot has a version word, a
+*sequence lock*: a writer (under the write lock) makes the words of the slots it writes odd
+before touching their rows and the next even number after; a reader copies the words, the
+rows, then the words again. A row whose two copies differ, or are odd, overlapped a write:
+it is read again (a few times), then under the write lock. So a reader never returns a torn
+row (some fields of the old item, some of the new), and pays two small gathers of words
+when nothing raced.
+
+A writer killed between the two marks leaves its slots odd: readers then read them under
+the lock until a later write of the slot makes the word even again.
+
+The file is created when a storage is first shared (pickled, forked, ``share()``): the words
+start at 0 (even, "no write in progress"). Unshared storages have one writer in this process
+and no concurrent reader; they keep no versions.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import mmap
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata._numba import HAS_NUMBA, fence
+from rbdata.storages._journal import _open_fd, _regular_size
+
+__all__ = ["VERSIONS_FILE", "SlotVersions", "barrier", "consistent_rows", "slots_of"]
+
+TRIES = 16  #: lock-free re-reads of the rows that raced a write, before one under the lock
+
+VERSIONS_FILE = "versions.bin"
+
+if HAS_NUMBA:
+    import numba
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_barrier() -> None:  # pragma: no cover - compiled
+        fence()
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_read(words: Any, slots: Any, out: Any) -> None:  # pragma: no cover - compiled
+        fence()
+        for i in range(slots.shape[0]):
+            out[i] = words[slots[i]]
+        fence()
+
+    @numba.njit(cache=True, nogil=True)
+    def _nb_changed(words: Any, slots: Any, before: Any, bad: Any) -> int:  # pragma: no cover
+        fence()
+        n = 0
+        for i in range(slots.shape[0]):
+            b = before[i]
+            if (b & 1) or words[slots[i]] != b:
+                bad[n] = i
+                n += 1
+        return n
+
+
+def barrier() -> None:
+    """A full memory fence (loads and stores stay on their side of it, on any CPU)."""
+    if HAS_NUMBA:
+        _nb_barrier()
+
+
+def _read(words: np.ndarray[Any, Any], slots: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+    """``words[slots]``, fenced from the reads around it (slots checked by the caller)."""
+    if not HAS_NUMBA:  # pragma: no cover - numba is a core dependency
+        barrier()
+        return words[slots]
+    out = np.empty(slots.shape[0], dtype=np.uint64)
+    _nb_read(words, slots, out)
+    return out
+
+
+def _changed(
+    words: np.ndarray[Any, Any], slots: np.ndarray[Any, Any], before: np.ndarray[Any, Any]
+) -> np.ndarray[Any, Any]:
+    """Positions ``i`` whose word is odd in ``before`` or differs now (a write overlapped)."""
+    if not HAS_NUMBA:  # pragma: no cover - numba is a core dependency
+        barrier()
+        return np.flatnonzero((before != words[slots]) | (before & 1).astype(bool))
+    bad = np.empty(slots.shape[0], dtype=np.int64)
+    return bad[: _nb_changed(words, slots, before, bad)]
+
+
+def slots_of(index: int | list[slice] | torch.Tensor) -> list[slice] | np.ndarray[Any, Any]:
+    """A normalised write index as runs (``list[slice]``) or an int64 array of slots."""
+    if isinstance(index, int):
+        return [slice(index, index + 1)]
+    if isinstance(index, list):
+        return index
+    return index.detach().cpu().reshape(-1).numpy()
+
+
+class SlotVersions:
+    """The version words of ``capacity`` slots, mapped shared from ``path``.
+
+    Args:
+        path: ``versions.bin`` in the storage directory (created, zeroed, if absent).
+        capacity: slots of the storage.
+
+    Raises:
+        ValueError: the file exists with another size (corrupt).
+    """
+
+    def __init__(self, path: Path, capacity: int) -> None:
+        nbytes = capacity * 8
+        fd = _open_fd(path, os.O_RDWR | os.O_CREAT, VERSIONS_FILE)
+        try:
+            size = _regular_size(fd, path)
+            if size == 0:  # new: every slot even (no write in progress)
+                os.ftruncate(fd, nbytes)
+            elif size != nbytes:
+                raise ValueError(
+                    f"{path}: {size} bytes, expected {nbytes} (8 per slot of {capacity}); corrupt"
+                )
+            self._mmap: mmap.mmap | None = mmap.mmap(fd, nbytes)
+        finally:
+            os.close(fd)
+        #: one uint64 per slot: odd while a writer changes the slot's rows
+        self.words: np.ndarray[Any, Any] = np.frombuffer(self._mmap, dtype=np.uint64)
+
+    def begin(self, index: int | list[slice] | torch.Tensor) -> list[slice] | np.ndarray[Any, Any]:
+        """Mark the slots of ``index`` as being written (odd); returns them for :meth:`end`."""
+        slots = slots_of(index)
+        w = self.words
+        if isinstance(slots, list):
+            for run in slots:
+                w[run] |= 1
+        else:
+            w[slots] |= 1
+        barrier()  # the marks are visible before any row changes
+        return slots
+
+    def end(self, slots: list[slice] | np.ndarray[Any, Any]) -> None:
+        """Mark ``slots`` (from :meth:`begin`) written: the next even version."""
+        barrier()  # every row is written before the marks change
+        w = self.words
+        if isinstance(slots, list):
+            for run in slots:
+                w[run] = (w[run] | 1) + 1
+        else:
+            w[slots] = (w[slots] | 1) + 1
+
+    def read(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """A copy of the version words of ``slots`` (int64, in range; fenced both sides)."""
+        return _read(self.words, slots)
+
+    def changed(
+        self, slots: np.ndarray[Any, Any], before: np.ndarray[Any, Any]
+    ) -> np.ndarray[Any, Any]:
+        """The positions of ``slots`` that a write overlapped since :meth:`read` gave ``before``."""
+        return _changed(self.words, slots, before)
+
+    def close(self) -> None:
+        """Unmap the file."""
+        self.words = np.zeros(0, dtype=np.uint64)
+        if self._mmap is not None:
+            with contextlib.suppress(BufferError):  # a view of the words lives: unmapped with it
+                self._mmap.close()
+            self._mmap = None
+
+
+def consistent_rows(
+    versions: SlotVersions,
+    idx: torch.Tensor,
+    gather: Callable[[torch.Tensor], list[torch.Tensor]],
+    lock: Callable[[], contextlib.AbstractContextManager[None]],
+) -> list[torch.Tensor]:
+    """``gather(idx)`` (one tensor of rows per leaf) with no row torn by a concurrent write.
+
+    The rows whose version words changed or were odd around the gather are read again, up to
+    :data:`TRIES` times, then under ``lock()`` (the storage's write lock: no writer runs).
+    """
+    slots = idx.numpy()
+    if slots.dtype != np.int64 or not slots.flags.c_contiguous:
+        slots = np.ascontiguousarray(slots, dtype=np.int64)
+    before = versions.read(slots)
+    rows = gather(idx)
+    bad = versions.changed(slots, before)
+    tries = 0
+    while bad.size:
+        pos = torch.from_numpy(bad)
+        sub = idx[pos]
+        if tries == TRIES:  # a long write, or a writer that died between its marks
+            with lock():
+                fixed = gather(sub)
+            ok = np.ones(bad.size, dtype=bool)
+        else:
+            if tries:
+                os.sched_yield()  # let the writer finish its copy
+            again = slots[bad]
+            b = versions.read(again)
+            fixed = gather(sub)
+            ok = np.ones(bad.size, dtype=bool)
+            ok[versions.changed(again, b)] = False
+        tries += 1
+        if ok.any():
+            good = torch.from_numpy(np.flatnonzero(ok))
+            for out, new in zip(rows, fixed, strict=True):
+                out[pos[good]] = new[good]
+        bad = bad[~ok]
+    return rows
