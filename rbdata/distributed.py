@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rbdata import checkpoint
 from rbdata.buffer import ReplayBuffer
 from rbdata.errors import EmptyBufferError, MissingExtraError
 from rbdata.samplers import _sumtree
@@ -465,6 +466,23 @@ class RayReplayBuffer:
         self._cursor = 0
         self._rng = np.random.default_rng(seed)
 
+    def _loads_into(
+        self,
+        path: str | os.PathLike[str],
+        num_shards: int | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+    ) -> RayReplayBuffer:
+        """``rb.loads(path)``: :meth:`load` into this buffer's shards; returns it."""
+        if num_shards is not None and num_shards != len(self._actors):
+            raise ValueError(
+                f"num_shards: this buffer has {len(self._actors)} shards, got {num_shards}"
+            )
+        if actor_options is not None:
+            raise ValueError("actor_options: the shards of a buffer loaded in place exist")
+        self.load(path)
+        return self
+
+    @checkpoint.LoadsDescriptor.in_place(_loads_into)
     @classmethod
     def loads(
         cls,
@@ -473,6 +491,9 @@ class RayReplayBuffer:
         actor_options: Mapping[str, Any] | None = None,
     ) -> RayReplayBuffer:
         """New shard actors, each loading ``path/shard-<i>`` with ``ReplayBuffer.loads``.
+
+        Called on a buffer (``rb.loads(path)``), it loads into that buffer's shards instead
+        (:meth:`load`) and returns it.
 
         Args:
             path: a directory written by :meth:`dumps`, visible to the actors.

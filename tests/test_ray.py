@@ -215,6 +215,13 @@ def test_dumps_loads_round_trip(ray_local: None, tmp_path) -> None:  # type: ign
     torch.testing.assert_close(td["weight"], expected.float(), rtol=1e-5, atol=0)
     # a new handle starts on shard 0, whose writer continues at its slot 20
     assert back.extend(batch(np.arange(100, 102))).tolist() == [40, 42]
+    # on a buffer, loads loads in place (torchrl's spelling), as ReplayBuffer's does
+    rb.empty()
+    assert rb.loads(tmp_path / "ckpt") is rb and len(rb) == 30
+    td = rb.sample(64)
+    assert all(id_at[g] == i for g, i in zip(td["index"].tolist(), td["id"].tolist(), strict=True))
+    with pytest.raises(ValueError, match="num_shards"):
+        rb.loads(tmp_path / "ckpt", num_shards=3)
     rb.close()
     back.close()
 
