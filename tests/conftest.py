@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import socket
+from typing import Any
+
 import pytest
 
 
@@ -11,3 +14,31 @@ def _no_proxy_for_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     # servers (and subprocesses started with os.environ) must be reached directly.
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.setenv(name, "127.0.0.1,localhost")
+
+
+@pytest.fixture
+def connects(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
+    """Every address a socket of this process tries to connect to, recorded."""
+    seen: list[Any] = []
+    real = socket.socket.connect
+
+    def connect(self: socket.socket, address: Any) -> None:
+        seen.append(address)
+        real(self, address)
+
+    monkeypatch.setattr(socket.socket, "connect", connect)
+    return seen
+
+
+@pytest.fixture
+def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every host name this process resolves, recorded."""
+    seen: list[str] = []
+    real = socket.getaddrinfo
+
+    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
+        seen.append(host)
+        return real(host, *args, **kwargs)
+
+    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
+    return seen

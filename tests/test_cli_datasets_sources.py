@@ -17,26 +17,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from test_cli_datasets import one_error_line, run
 
 from rbdata.cli import main
 from tests._d4rl_files import write_d4rl_file
 
 NAME = "hopper-medium-v2"
 FILE = "gym_mujoco_v2/hopper_medium-v2.hdf5"  # the catalog path of NAME
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(["datasets", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("rbdata:")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("rbdata: error: "), err
-    return lines[0]
 
 
 def everything(root: Path) -> list[str]:

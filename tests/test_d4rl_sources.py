@@ -48,34 +48,6 @@ def _everything(root: Path) -> list[str]:
 
 
 @pytest.fixture
-def connects(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every address a socket of this process connects to."""
-    seen: list[Any] = []
-    real = socket.socket.connect
-
-    def connect(self: socket.socket, address: Any) -> None:
-        seen.append(address)
-        real(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    return seen
-
-
-@pytest.fixture
-def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every host name this process resolves."""
-    seen: list[str] = []
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(host)
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return seen
-
-
-@pytest.fixture
 def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("RBDATA_HOME", str(tmp_path / "home"))
     monkeypatch.delenv("RBDATA_D4RL_MIRROR", raising=False)

@@ -428,34 +428,6 @@ def closed_port() -> int:
         return int(sock.getsockname()[1])
 
 
-@pytest.fixture
-def connects(monkeypatch: pytest.MonkeyPatch) -> list[Any]:
-    """Every address a socket of this process tries to connect to, recorded."""
-    seen: list[Any] = []
-    real = socket.socket.connect
-
-    def connect(self: socket.socket, address: Any) -> None:
-        seen.append(address)
-        real(self, address)
-
-    monkeypatch.setattr(socket.socket, "connect", connect)
-    return seen
-
-
-@pytest.fixture
-def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Every host name this process resolves, recorded."""
-    seen: list[str] = []
-    real = socket.getaddrinfo
-
-    def getaddrinfo(host: Any, *args: Any, **kwargs: Any) -> Any:
-        seen.append(host)
-        return real(host, *args, **kwargs)
-
-    monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
-    return seen
-
-
 def test_connection_refused_is_retried_once(tmp_path: Path, connects: list[Any]):
     url = f"http://127.0.0.1:{closed_port()}/file.bin"
     start = time.monotonic()

@@ -6,7 +6,6 @@ lockstep with the loaded one, snapshots taken before a refused load, and the fil
 
 from __future__ import annotations
 
-import hashlib
 import inspect
 import pickle
 import re
@@ -17,6 +16,7 @@ from typing import Any
 import pytest
 import torch
 from tensordict import TensorDict, TensorDictBase
+from test_checkpoint import files_digest, live
 from torch.utils.data import DataLoader
 
 from rbdata import (
@@ -128,18 +128,6 @@ def assert_lockstep(reference: ReplayBuffer, other: ReplayBuffer, rounds: int = 
         new = steps(7, 1000 + 10 * r)
         assert torch.equal(reference.extend(new), other.extend(new.clone()))
         assert snapshot(other) == snapshot(reference), f"round {r}"
-
-
-def digest(root: Path) -> dict[str, str]:
-    return {
-        str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
-        for p in sorted(root.rglob("*"))
-        if p.is_file()
-    }
-
-
-def live(path: Path) -> Path:
-    return path / (path / "CURRENT").read_text().strip()
 
 
 # --- 1. rb.loads(path) on a buffer loads into it ----------------------------------------------
@@ -298,7 +286,7 @@ def test_flush_of_a_private_copy_never_writes_the_files(tmp_path: Path) -> None:
     storage = MemmapStorage(CAP, path=tmp_path / "st")
     storage.set(slice(0, 10), steps(10))
     storage.close()
-    before = digest(tmp_path / "st")
+    before = files_digest(tmp_path / "st")
     copy = MemmapStorage.open(tmp_path / "st", copy_on_write=True)
     copy.set(slice(0, 4), steps(4, 100))
     copy.flush()
@@ -306,7 +294,7 @@ def test_flush_of_a_private_copy_never_writes_the_files(tmp_path: Path) -> None:
     received.set(5, steps(1, 200)[0])
     received.flush()
     assert repr(received).endswith(f"private copy of {str(tmp_path / 'st')!r})")
-    assert digest(tmp_path / "st") == before
+    assert files_digest(tmp_path / "st") == before
     assert [int(copy[i]["id"]) for i in range(6)] == [100, 101, 102, 103, 4, 5]
     copy.close()
     received.close()
