@@ -1230,3 +1230,37 @@ def test_loaded_memmap_storage_pickles_with_its_private_writes(tmp_path: Path) -
     assert int(clone[0]["id"]) == 50_000 and int(loaded.storage[0]["id"]) != 50_000
     assert files_digest(tmp_path / "ckpt") == digest
     assert_same(items(rb), items(ReplayBuffer.loads(tmp_path / "ckpt")))
+
+
+# --- found by the model-based test (tests/test_model_based.py) -------------------------------
+def test_dumps_before_any_episode_end(tmp_path: Path) -> None:
+    """A SliceSampler whose episode index is still empty checkpoints (was a raw RuntimeError)."""
+    rb = ReplayBuffer(TensorStorage(8), sampler=SliceSampler(slice_len=2))
+    rb.extend({"x": torch.arange(3), "next": {"done": torch.zeros(3, 1, dtype=torch.bool)}})
+    rb.dumps(tmp_path / "c")
+    back = ReplayBuffer.loads(tmp_path / "c")
+    assert back.storage[[0, 1, 2]]["x"].tolist() == [0, 1, 2]
+    rb.extend({"x": torch.arange(3, 6), "next": {"done": torch.tensor([[0], [0], [1]]).bool()}})
+    back.extend({"x": torch.arange(3, 6), "next": {"done": torch.tensor([[0], [0], [1]]).bool()}})
+    g1, g2 = torch.Generator().manual_seed(3), torch.Generator().manual_seed(3)
+    rb.sampler.generator, back.sampler.generator = g1, g2  # type: ignore[attr-defined]
+    assert torch.equal(rb.sample(4)["x"], back.sample(4)["x"])
+
+
+def test_state_dict_of_a_loaded_buffer_round_trips_torch_save(tmp_path: Path) -> None:
+    """Loaded tensors own their memory: torch.save writes what torch.load reads back."""
+    rb = ReplayBuffer(ListStorage(7), sampler=SamplerWithoutReplacement())
+    rb.extend({"x": torch.zeros(1)})
+    rb.sample(1)
+    rb.dumps(tmp_path / "c")
+    back = ReplayBuffer.loads(tmp_path / "c")
+    buf = io.BytesIO()
+    torch.save(back.state_dict(), buf)
+    buf.seek(0)
+    again = torch.load(buf, weights_only=True)
+    want = rb.state_dict()
+    assert again.keys() == want.keys()
+    fresh = ReplayBuffer(ListStorage(7), sampler=SamplerWithoutReplacement())
+    fresh.load_state_dict(again)  # the saved state restores: the same next draws
+    assert fresh.storage[0]["x"].tolist() == 0.0 and len(fresh) == 1
+    assert fresh.sampler.state_dict().keys() == rb.sampler.state_dict().keys()

@@ -140,6 +140,8 @@ def decode(obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
 
 
 def _raw_bytes(t: torch.Tensor) -> np.ndarray:
+    if not t.numel():  # an empty tensor may keep a stride a byte view refuses
+        return np.zeros(0, dtype=np.uint8)
     t = t.detach().cpu().contiguous().reshape(-1)
     if t.dtype.is_complex:
         t = torch.view_as_real(t).reshape(-1)
@@ -206,23 +208,29 @@ def read_tensors(file: Path, table: Any) -> list[torch.Tensor]:
     Only the bytes the table names are read (never a symlink): trailing junk costs nothing.
     """
     entries = check_table(file, table)
-    end = max((offset + nbytes for _, _, offset, nbytes in entries), default=0)
-    blob = torch.empty(end, dtype=torch.uint8)
-    if end:
-        try:
-            with open_nofollow(file, "rb") as f:
-                got = f.readinto(blob.numpy().data)
-        except (OSError, ValueError) as err:
-            raise CheckpointError(f"{file}: cannot be read ({err})") from err
-        if got != end:
-            raise CheckpointError(f"{file}: {got} bytes, the table needs {end}; truncated")
     tensors = []
-    for dtype, shape, offset, nbytes in entries:
-        raw = blob[offset : offset + nbytes]
-        if dtype.is_complex:
-            real = torch.empty(0, dtype=dtype).real.dtype
-            t = torch.view_as_complex(raw.view(real).view(-1, 2))
-        else:
-            t = raw.view(dtype)
-        tensors.append(t.view(shape))
+    try:
+        with open_nofollow(file, "rb") as f:
+            for dtype, shape, offset, nbytes in entries:
+                # one allocation per tensor, not views of one blob: a view's storage is the
+                # whole blob, which torch.save would then write (and refuse to read back)
+                raw = torch.empty(nbytes, dtype=torch.uint8)
+                if nbytes:
+                    f.seek(offset)
+                    got = f.readinto(raw.numpy().data)
+                    if got != nbytes:
+                        raise CheckpointError(
+                            f"{file}: {offset + got} bytes, the table needs {offset + nbytes}; "
+                            "truncated"
+                        )
+                if dtype.is_complex:
+                    real = torch.empty(0, dtype=dtype).real.dtype
+                    t = torch.view_as_complex(raw.view(real).view(-1, 2))
+                else:
+                    t = raw.view(dtype)
+                tensors.append(t.view(shape))
+    except CheckpointError:
+        raise
+    except (OSError, ValueError) as err:
+        raise CheckpointError(f"{file}: cannot be read ({err})") from err
     return tensors
