@@ -104,6 +104,7 @@ class ReplayBuffer:
         # the storage's shared write counter as last seen here (None: it does not count);
         # writes by other processes are handed to the sampler on sample/len (see _sync)
         self._seen: int | None = storage.write_count if self._hooked else None
+        self._own_seen = storage.own_writes  # this process's commits, as last seen here
         self._wants_data = bool(getattr(sampler, "on_write_reads_data", False))
 
     def __len__(self) -> int:
@@ -126,18 +127,19 @@ class ReplayBuffer:
         if seen is None or storage.write_count == seen:
             return
         if not storage.shared:  # writes of this process bypassing the buffer (storage.set)
-            self._seen = storage.write_count
+            self._seen, self._own_seen = storage.write_count, storage.own_writes
             return
         with storage.write_lock():
-            count, end = storage.write_count, storage.next_slot
+            count, end, own = storage.write_count, storage.next_slot, storage.own_writes
         if count is not None:
-            self._catch_up(seen, count, end)
+            # this process's own writes that bypassed the buffer (storage.set) are not
+            # other processes' items: the sampler is not told of them (as when unshared)
+            self._catch_up(count - seen - (own - self._own_seen), end)
+            self._seen, self._own_seen = count, own
 
-    def _catch_up(self, seen: int, count: int, end: int) -> None:
-        """The ``count - seen`` items of other processes ending at slot ``end``."""
-        self._seen = count
+    def _catch_up(self, d: int, end: int) -> None:
+        """The ``d`` items of other processes whose writes ended at slot ``end``."""
         storage, capacity = self.storage, self.storage.capacity
-        d = count - seen
         n = len(storage)
         if d <= 0 or n == 0:
             return
@@ -150,13 +152,15 @@ class ReplayBuffer:
 
     def _after_write(self, first: int) -> None:
         """After a write of this process at slot ``first``: other writes just before it?"""
-        before, after = self.storage.last_write
+        storage = self.storage
+        before, after = storage.last_write
         seen = self._seen
         if seen is None or after == seen:
             return
-        if before != seen and self.storage.shared:
-            self._catch_up(seen, before, first)
-        self._seen = after
+        own = storage.own_writes
+        if before != seen and storage.shared:  # own bypassing writes are no one else's
+            self._catch_up(before - seen - (own - (after - before) - self._own_seen), first)
+        self._seen, self._own_seen = after, own
 
     def __repr__(self) -> str:
         return (
@@ -422,7 +426,7 @@ class ReplayBuffer:
         """Check that ``parts`` match this buffer's components, then take their contents."""
         checkpoint.load_into(parts, *self._components()[:3], source)
         if self._seen is not None:  # the copied items are not other processes' writes
-            self._seen = self.storage.write_count
+            self._seen, self._own_seen = self.storage.write_count, self.storage.own_writes
 
 
 def _takes_check(method: Any) -> bool:

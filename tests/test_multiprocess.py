@@ -223,3 +223,31 @@ def test_learner_catches_up_when_others_wrote_more_than_the_capacity() -> None:
     seen = set(rb.sample(4096)["index"].tolist())
     assert seen == set(range(8))  # every slot now holds the child's items, default priority
     assert set(rb.storage[torch.arange(8)]["worker"].tolist()) == {1}
+
+
+def test_own_storage_set_on_a_shared_storage_is_not_another_process_write() -> None:
+    """Found by the model-based test: on a shared storage, this process's ``storage.set``
+    (bypassing the buffer) reached the sampler as if another process had written: the slice
+    sampler then refused the next ``len``; the prioritized one reset the slot's priority."""
+    done = torch.zeros(4, 1, dtype=torch.bool)
+    rb = ReplayBuffer(MemmapStorage(8), sampler=SliceSampler(slice_len=2))
+    rb.extend({"t": torch.arange(4), "next": {"done": done}})
+    rb.storage.share()
+    for slot in (1, 3):  # two bypassing writes (shared: the ring goes on after slot 3)
+        rb.storage.set(slot, {"t": torch.tensor(100 + slot), "next": {"done": done[0]}})
+    assert len(rb) == 4
+    rb.extend({"t": torch.arange(4, 6), "next": {"done": done[:2]}})  # the buffer's own write
+    assert len(rb) == 6 and rb.storage[[1, 3, 5]]["t"].tolist() == [101, 103, 5]
+
+    pr = ReplayBuffer(MemmapStorage(8), sampler=PrioritizedSampler(8, alpha=1.0, beta=1.0))
+    pr.extend({"t": torch.arange(4)})
+    pr.update_priority(torch.arange(4), torch.tensor([1.0, 2.0, 3.0, 4.0]))
+    pr.storage.share()
+    pr.storage.set(1, {"t": torch.tensor(100)})
+    pr.storage.set(torch.tensor([2, 3]), {"t": torch.tensor([7, 8])})
+    assert len(pr) == 4
+    assert pr.sampler.priority_values()[:4].tolist() == [1.0, 2.0, 3.0, 4.0]  # type: ignore[attr-defined]
+    pr.add({"t": torch.tensor(9)})  # then the buffer's own add: the default (max) priority
+    assert pr.sampler.priority_values()[:5].tolist() == [1.0, 2.0, 3.0, 4.0, 4.0]  # type: ignore[attr-defined]
+    rb.storage.close()
+    pr.storage.close()

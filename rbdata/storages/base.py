@@ -145,6 +145,15 @@ class Storage(Dataset[Any]):
         """``write_count`` just before and just after this process's last commit."""
         return (0, 0)
 
+    @property
+    def own_writes(self) -> int:
+        """Items this process committed through :meth:`commit` (``0`` if not counted).
+
+        With :attr:`write_count`, what tells a buffer its own writes that bypassed it
+        (``storage.set``) from other processes' on a shared storage.
+        """
+        return 0
+
     def __repr__(self) -> str:
         name = type(self).__name__
         return f"{name}(len={len(self)}, capacity={self.capacity}, layout={self._layout})"

@@ -124,6 +124,7 @@ class MemmapStorage(TensorStorage):
     _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
     _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
+    _own = 0  # items this process committed through commit (see own_writes)
 
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_size, device="cpu")
@@ -414,6 +415,11 @@ class MemmapStorage(TensorStorage):
         """``write_count`` just before and just after this process's last commit."""
         return self._last_write
 
+    @property
+    def own_writes(self) -> int:
+        """Items this process committed through :meth:`commit` (every write while shared)."""
+        return self._own
+
     # --- hooks -----------------------------------------------------------------------------
     def __len__(self) -> int:
         if self._closed:
@@ -488,6 +494,7 @@ class MemmapStorage(TensorStorage):
                 versions.end(marked)  # type: ignore[union-attr]
         before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
+        self._own += rows
 
     def _set_buffers(
         self,
