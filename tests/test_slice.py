@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -10,7 +12,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer, SliceSampler, TensorStorage
-from rbdata.storages import MemmapStorage
+from rbdata.storages import ArrowStorage, MemmapStorage
 
 
 def episodes(lengths: list[int], start_time: int = 0, first_episode: int = 0) -> TensorDict:
@@ -243,3 +245,28 @@ def test_a_per_step_flag_that_is_not_one_value_is_refused_like_a_batch() -> None
     with pytest.raises(ValueError, match="shape"):
         rb.add({"obs": np.zeros(2, np.float32), "next": {"done": np.zeros(2, bool)}})
     assert _index_state(rb.sampler) == before and len(rb) == 1
+
+
+def test_a_list_of_items_with_ragged_or_string_fields(tmp_path: Path) -> None:
+    """Found by the model-based test: the sampler stacked every key of a list of items to
+    read the done flags, which fails on ragged or string fields the storage itself takes."""
+    rb = ReplayBuffer(
+        ArrowStorage(8, path=tmp_path / "a", ragged=["tok"]), sampler=SliceSampler(slice_len=2)
+    )
+    done = [False, True, False, False, True]
+    rb.extend(
+        [
+            {"tok": torch.arange(k + 1), "note": f"step {k}", "next": {"done": torch.tensor([d])}}
+            for k, d in enumerate(done)
+        ]
+    )
+    assert len(rb) == 5
+    assert [rb.storage[k]["note"] for k in range(5)] == [f"step {k}" for k in range(5)]
+    starts = set()
+    for _ in range(20):  # both episodes ([0, 1] and [2, 3, 4]) hold a slice of 2
+        batch = rb.sample(4)
+        idx = batch["index"].view(-1, 2)
+        assert bool((idx[:, 1] == idx[:, 0] + 1).all())
+        starts.update(idx[:, 0].tolist())
+    assert starts == {0, 2, 3}  # brute force: the starts whose slice stays in one episode
+    rb.storage.close()

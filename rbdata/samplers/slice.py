@@ -123,13 +123,22 @@ class SliceSampler(Sampler):
         key = self.traj_key or self.end_key
         if data is None:
             raise ValueError(f"SliceSampler needs the written data to read {key!r}")
-        if isinstance(data, (list, tuple)):
-            data = stack_items(data)
-        _, leaves = flatten(data)
+        missing = ValueError(
+            f"SliceSampler: the data has no key {key_name(key)} (episode boundaries)"
+        )
+        if isinstance(data, (list, tuple)):  # a list of items: stack only the flag (other
+            values = []  # keys may be strings or ragged, which only the storage stacks)
+            for item in data:
+                _, item_leaves = flatten(item)
+                if key not in item_leaves:
+                    raise missing
+                values.append(torch.as_tensor(item_leaves[key]))
+            data = stack_items(values) if values else torch.zeros(0)
+            leaves = {key: data}
+        else:
+            _, leaves = flatten(data)
         if key not in leaves:
-            raise ValueError(
-                f"SliceSampler: the data has no key {key_name(key)} (episode boundaries)"
-            )
+            raise missing
         value = leaves[key]
         if isinstance(value, torch.Tensor):
             value = value.detach().cpu().numpy()

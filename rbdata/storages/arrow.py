@@ -78,6 +78,7 @@ from rbdata.storages._arrow_checks import (
     check_views,
     parse_meta,
 )
+from rbdata.storages._arrow_items import is_item_list, stack_variable_items
 from rbdata.storages._arrow_journal import JOURNAL_FILE, Journal, read_journal
 from rbdata.storages._arrow_lifecycle import flush_when_dropped
 from rbdata.storages._files import check_dir, inside, open_nofollow, storage_dir
@@ -578,6 +579,24 @@ class ArrowStorage(Storage):
         return _ragged_rows(pa, taken, leaf)
 
     # --- writing -------------------------------------------------------------------------
+    def prepare(self, data: Any, batched: bool) -> Prepared:
+        """Validate ``data`` (see :meth:`Storage.prepare`); a list of items is stacked per key.
+
+        A list of dict-like items becomes one batch leaf by leaf
+        (:func:`~rbdata.storages._arrow_items.stack_variable_items`): ``str`` values a string
+        leaf, the values of a ragged key (declared in ``ragged=`` or stored as ragged) a list
+        of ragged rows, whatever their lengths; any other key whose shapes differ between
+        items is refused with a ``ValueError`` naming the item and the key.
+        """
+        if batched and is_item_list(data):
+            self._check_open()
+            layout = self._current_layout()
+            ragged = set(self._ragged)
+            if layout is not None:
+                ragged.update(leaf.key for leaf in layout.leaves if leaf.kind == RAGGED)
+            data = stack_variable_items(data, ragged)
+        return super().prepare(data, batched)
+
     def _infer_layout(self, data: Any, batched: bool) -> Layout:
         """The first write's layout; string and ragged leaves allowed, dtypes Arrow keeps."""
         layout = Layout.from_data(data, batched, variable=True, ragged=self._ragged)
@@ -792,9 +811,11 @@ class ArrowStorage(Storage):
 
     def _variable_values(self, pos: int, values: list[Any]) -> list[Any]:
         leaf = self._layout.leaves[pos]  # type: ignore[union-attr]
-        if leaf.kind == RAGGED:
-            return [v.detach().to(device="cpu", dtype=leaf.dtype).numpy() for v in values]
-        return list(values)
+        if leaf.kind == RAGGED:  # copies: the storage owns its rows, never the caller's
+            return [
+                _owned(v.detach().to(device="cpu", dtype=leaf.dtype, copy=True)) for v in values
+            ]
+        return list(values)  # str: immutable
 
     def _write_slots(self, slots: np.ndarray, fixed: list[np.ndarray], payload: list[Any]) -> None:
         cs = self.chunk_size
@@ -931,6 +952,13 @@ class ArrowStorage(Storage):
                 for j, array in enumerate(chunk.fixed):
                     addresses[j, k] = array.ctypes.data
         self._addresses = addresses
+
+
+def _owned(t: torch.Tensor) -> np.ndarray:
+    """A ragged row the storage owns: a fresh copy, read-only like a sealed chunk's rows."""
+    array = t.numpy()
+    array.flags.writeable = False
+    return array
 
 
 def _ragged_rows(pa: Any, column: Any, leaf: Leaf) -> list[np.ndarray]:

@@ -1,0 +1,87 @@
+"""A list of items into one batch for :class:`~rbdata.storages.ArrowStorage`.
+
+The other storages stack a list of items with ``torch.stack`` (every leaf a fixed-shape
+tensor). An ArrowStorage also keeps strings and ragged tensors, so its items are stacked leaf
+by leaf: a key whose values are all ``str`` becomes a list of ``str`` (a string leaf), a
+ragged key a list of tensors (a ragged leaf), and every other key a stacked tensor.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Mapping, Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDictBase
+
+from rbdata._layout import (
+    EMPTY_BATCH,
+    Key,
+    _explain_items,
+    _non_tensor_value,
+    _to_tensor,
+    flatten,
+    key_name,
+    nest,
+)
+
+__all__ = ["is_item_list", "stack_variable_items"]
+
+
+def is_item_list(data: Any) -> bool:
+    """Whether ``data`` is a non-empty list (or tuple) of dict-like items."""
+    return (
+        isinstance(data, (list, tuple))
+        and bool(data)
+        and isinstance(data[0], (Mapping, TensorDictBase))
+    )
+
+
+def stack_variable_items(items: Sequence[Any], ragged: Collection[Key]) -> dict[str, Any]:
+    """Stack unbatched dict-like items into one batch (a nested dict), leaf by leaf.
+
+    Args:
+        items: dicts or TensorDicts, one per item, with the same keys.
+        ragged: keys whose first dimension varies per item: their values become a list of
+            tensors (one per item, a ragged row each) even where the lengths happen to agree.
+
+    Raises:
+        ValueError: for an empty list, items whose keys differ, a key that is a ``str`` in
+            some items and not in others, or a key not in ``ragged`` whose shapes differ
+            (the error names the item and the key, and says to declare it ragged).
+        TypeError: for values that are neither tensors, arrays, numbers nor ``str``.
+    """
+    if not items:
+        raise ValueError(EMPTY_BATCH)
+    flats = [flatten(item)[1] for item in items]
+    keys = list(flats[0])
+    if any(len(flat) != len(keys) or any(k not in flat for k in keys) for flat in flats):
+        _explain_items(flats)  # names the first item and key that differ
+    pairs: list[tuple[Key, Any]] = []
+    for key in keys:
+        values = [_non_tensor_value(flat[key]) for flat in flats]
+        strings = [isinstance(v, str) for v in values]
+        if all(strings):
+            pairs.append((key, values))
+            continue
+        if any(strings):
+            i = strings.index(not strings[0])
+            given, first = type(values[i]).__name__, type(values[0]).__name__
+            raise ValueError(
+                f"item {i} of the list: key {key_name(key)} is a {given}, item 0 holds a "
+                f"{first}; a key holds a str in every item or in none"
+            )
+        name = key_name(key)
+        tensors = [_to_tensor(v, name) for v in values]
+        if key in ragged:
+            pairs.append((key, tensors))  # ragged rows, checked by the layout's split
+            continue
+        for i, t in enumerate(tensors[1:], start=1):
+            if t.shape != tensors[0].shape:
+                raise ValueError(
+                    f"item {i} of the list: key {name} has shape {tuple(t.shape)}, item 0 has "
+                    f"{tuple(tensors[0].shape)}; items of a batch need equal shapes, except "
+                    f"in ragged keys (declare it: ArrowStorage(..., ragged=[{name}]))"
+                )
+        pairs.append((key, torch.stack(tensors)))
+    return nest(pairs)
