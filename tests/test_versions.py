@@ -53,8 +53,14 @@ def test_marks_are_odd_during_a_write_and_even_after(tmp_path: Path) -> None:
     assert v.changed(np.array([2, 5], dtype=np.int64), before).tolist() == []
     v.end(v.begin(2))
     assert v.changed(np.array([2, 5], dtype=np.int64), before).tolist() == [0]
+    stamp = v.stamp()  # even; raised by 2 per write, odd during one
+    assert stamp % 2 == 0
+    marked = v.begin(4)
+    assert v.stamp() == stamp + 1
+    v.end(marked)
+    assert v.stamp() == stamp + 2
     v.close()
-    with pytest.raises(ValueError, match="expected 88"):  # another capacity: corrupt
+    with pytest.raises(ValueError, match="expected 96"):  # another capacity: corrupt
         SlotVersions(tmp_path / "versions.bin", 11)
 
 
@@ -85,6 +91,30 @@ def test_a_raced_row_is_read_again(tmp_path: Path) -> None:
     # only slot 5 was marked: its two rows were re-read until no write overlapped
     assert rows[0].tolist() == rows[1].tolist() == [5.0, 1.0, 5.0, 7.0]
     assert racer.calls == 4  # the whole batch, then slot 5's rows until no write overlapped
+
+
+def test_a_read_no_write_overlapped_is_one_gather(tmp_path: Path) -> None:
+    v = SlotVersions(tmp_path / "versions.bin", 8)
+    v.end(v.begin(torch.tensor([1, 2])))  # earlier writes: nothing in progress now
+    table = torch.arange(8.0)
+    calls = []
+
+    def gather(idx: torch.Tensor) -> list[torch.Tensor]:
+        calls.append(idx.tolist())
+        return [table[idx].clone()]
+
+    rows = consistent_rows(v, torch.tensor([2, 1, 7]), gather, contextlib.nullcontext)
+    assert rows[0].tolist() == [2.0, 1.0, 7.0] and calls == [[2, 1, 7]]
+
+    def gather_while_another_slot_is_written(idx: torch.Tensor) -> list[torch.Tensor]:
+        if not calls[1:]:
+            v.end(v.begin(5))  # a write of a slot this read does not touch
+        return gather(idx)
+
+    calls.clear()
+    rows = consistent_rows(v, torch.tensor([2, 1]), gather_while_another_slot_is_written, None)  # type: ignore[arg-type]
+    # the stamp moved: the per-slot check runs once, finds no overlapped row, no lock taken
+    assert rows[0].tolist() == [2.0, 1.0] and calls == [[2, 1], [2, 1]]
 
 
 def test_a_slot_left_odd_is_read_under_the_lock(tmp_path: Path) -> None:

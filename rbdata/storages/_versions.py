@@ -6,8 +6,13 @@ Readers of a shared storage take no lock, so a read can overlap a write of the s
 before touching their rows and the next even number after; a reader copies the words, the
 rows, then the words again. A row whose two copies differ, or are odd, overlapped a write:
 it is read again (a few times), then under the write lock. So a reader never returns a torn
-row (some fields of the old item, some of the new), and pays two small gathers of words
-when nothing raced.
+row (some fields of the old item, some of the new).
+
+A last word, the storage-wide *stamp*, is odd while any write is in progress and raised by
+each: a read that sees it even before its gather and unchanged after overlapped no write, and
+needs no per-slot check (two one-word reads: the common case, the cost of an unshared read).
+Only a read that overlapped a write pays the per-slot check (two small gathers of words and a
+second gather of its rows).
 
 A writer killed between the two marks leaves its slots odd: readers then read them under
 the lock until a later write of the slot makes the word even again.
@@ -46,6 +51,13 @@ if HAS_NUMBA:
         fence()
 
     @numba.njit(cache=True, nogil=True)
+    def _nb_stamp(words: Any) -> int:  # pragma: no cover - compiled
+        fence()
+        stamp = words[0]
+        fence()
+        return stamp
+
+    @numba.njit(cache=True, nogil=True)
     def _nb_read(words: Any, slots: Any, out: Any) -> None:  # pragma: no cover - compiled
         fence()
         for i in range(slots.shape[0]):
@@ -68,6 +80,14 @@ def barrier() -> None:
     """A full memory fence (loads and stores stay on their side of it, on any CPU)."""
     if HAS_NUMBA:
         _nb_barrier()
+
+
+def _stamp(word: np.ndarray[Any, Any]) -> int:
+    """The storage-wide write stamp (``word[0]``), fenced from the reads around it."""
+    if not HAS_NUMBA:  # pragma: no cover - numba is a core dependency
+        barrier()
+        return int(word[0])
+    return int(_nb_stamp(word))
 
 
 def _read(words: np.ndarray[Any, Any], slots: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
@@ -112,7 +132,7 @@ class SlotVersions:
     """
 
     def __init__(self, path: Path, capacity: int) -> None:
-        nbytes = capacity * 8
+        nbytes = (capacity + 1) * 8  # a word per slot, then the storage-wide stamp
         fd = _open_fd(path, os.O_RDWR | os.O_CREAT, VERSIONS_FILE)
         try:
             size = _regular_size(fd, path)
@@ -120,17 +140,24 @@ class SlotVersions:
                 os.ftruncate(fd, nbytes)
             elif size != nbytes:
                 raise ValueError(
-                    f"{path}: {size} bytes, expected {nbytes} (8 per slot of {capacity}); corrupt"
+                    f"{path}: {size} bytes, expected {nbytes} (8 per slot of {capacity}, and 8); "
+                    "corrupt"
                 )
             self._mmap: mmap.mmap | None = mmap.mmap(fd, nbytes)
         finally:
             os.close(fd)
         #: one uint64 per slot: odd while a writer changes the slot's rows
-        self.words: np.ndarray[Any, Any] = np.frombuffer(self._mmap, dtype=np.uint64)
+        every = np.frombuffer(self._mmap, dtype=np.uint64)
+        self.words: np.ndarray[Any, Any] = every[:capacity]
+        #: odd while any write is in progress; a read that sees it even and unchanged around
+        #: its gather overlapped no write (the common case: no per-slot check needed)
+        self.stamp_word: np.ndarray[Any, Any] = every[capacity:]
 
     def begin(self, index: int | list[slice] | torch.Tensor) -> list[slice] | np.ndarray[Any, Any]:
         """Mark the slots of ``index`` as being written (odd); returns them for :meth:`end`."""
         slots = slots_of(index)
+        self.stamp_word |= 1
+        barrier()
         w = self.words
         if isinstance(slots, list):
             for run in slots:
@@ -149,6 +176,14 @@ class SlotVersions:
                 w[run] = (w[run] | 1) + 1
         else:
             w[slots] = (w[slots] | 1) + 1
+        barrier()
+        self.stamp_word[:] = (self.stamp_word | 1) + 1
+
+    def stamp(self) -> int:
+        """The storage-wide stamp: odd while a write is in progress, raised by each write."""
+        if HAS_NUMBA:
+            return int(_nb_stamp(self.stamp_word))
+        return _stamp(self.stamp_word)  # pragma: no cover - numba is a core dependency
 
     def read(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """A copy of the version words of ``slots`` (int64, in range; fenced both sides)."""
@@ -162,7 +197,7 @@ class SlotVersions:
 
     def close(self) -> None:
         """Unmap the file."""
-        self.words = np.zeros(0, dtype=np.uint64)
+        self.words = self.stamp_word = np.zeros(0, dtype=np.uint64)
         if self._mmap is not None:
             with contextlib.suppress(BufferError):  # a view of the words lives: unmapped with it
                 self._mmap.close()
@@ -180,6 +215,11 @@ def consistent_rows(
     The rows whose version words changed or were odd around the gather are read again, up to
     :data:`TRIES` times, then under ``lock()`` (the storage's write lock: no writer runs).
     """
+    stamp = versions.stamp()
+    if not stamp & 1:  # no write in progress: unchanged after the gather, none overlapped it
+        rows = gather(idx)
+        if versions.stamp() == stamp:
+            return rows
     slots = idx.numpy()
     if slots.dtype != np.int64 or not slots.flags.c_contiguous:
         slots = np.ascontiguousarray(slots, dtype=np.int64)
