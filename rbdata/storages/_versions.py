@@ -27,7 +27,7 @@ from __future__ import annotations
 import contextlib
 import mmap
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -178,6 +178,15 @@ class SlotVersions:
             w[slots] = (w[slots] | 1) + 1
         barrier()
         self.stamp_word[:] = (self.stamp_word | 1) + 1
+
+    @contextlib.contextmanager
+    def writing(self, index: int | list[slice] | torch.Tensor) -> Iterator[None]:
+        """:meth:`begin` on entry, :meth:`end` on exit (an error included): a write's marks."""
+        slots = self.begin(index)
+        try:
+            yield
+        finally:
+            self.end(slots)
 
     def stamp(self) -> int:
         """The storage-wide stamp: odd while a write is in progress, raised by each write."""

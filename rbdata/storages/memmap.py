@@ -478,9 +478,7 @@ class MemmapStorage(TensorStorage):
             last = int(index[-1]) + 1 if count else header.next
             live = bool(count) and int(index.min()) < length
         new_length, new_next = max(length, top), last % self.capacity
-        versions = self._versions if self._shared else None
-        marked = None if versions is None else versions.begin(index)  # readers re-read these
-        try:
+        with self._marks(index):  # shared: readers re-read these slots meanwhile
             if live and not self._private:
                 self._journaled(index, prepared.payload, new_length, new_next)
             else:
@@ -489,9 +487,6 @@ class MemmapStorage(TensorStorage):
                 else:
                     self._write(index, prepared.payload)
                 header.publish(new_length, new_next)
-        finally:
-            if marked is not None:
-                versions.end(marked)  # type: ignore[union-attr]
         before = self._state.count(rows)  # counted after the header is published
         self._last_write = (before, before + rows)
         self._own += rows
@@ -513,6 +508,13 @@ class MemmapStorage(TensorStorage):
                 self._header.address(),
                 self._state.local_counter(),
             )
+
+    def _marks(
+        self, index: int | list[slice] | torch.Tensor
+    ) -> contextlib.AbstractContextManager[Any]:
+        """The version marks of a write of ``index`` (shared storages; else nothing)."""
+        versions = self._versions if self._shared else None
+        return contextlib.nullcontext() if versions is None else versions.writing(index)
 
     def _rows(self, idx: torch.Tensor) -> list[torch.Tensor]:
         """:meth:`TensorStorage._rows`; shared: no row torn by another process's write."""
@@ -629,11 +631,8 @@ class MemmapStorage(TensorStorage):
             journal.lock_shared()
         if journal.committed:  # left by a writer that died: finish it first
             transaction = journal.read()
-            versions = self._versions if self._shared else None
-            marked = None if versions is None else versions.begin(transaction[1])
-            self._apply(*transaction)
-            if marked is not None:
-                versions.end(marked)  # type: ignore[union-attr]
+            with self._marks(transaction[1]):
+                self._apply(*transaction)
             journal.clear()
         return journal
 
