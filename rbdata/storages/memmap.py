@@ -521,11 +521,6 @@ class MemmapStorage(TensorStorage):
         versions = self._versions
         if versions is None:
             return super()._rows(idx)
-        stamp = versions.stamp()  # the common case first: no write overlapped the gather
-        if not stamp & 1:
-            rows = super()._rows(idx)
-            if versions.stamp() == stamp:
-                return rows
         return consistent_rows(versions, idx, super()._rows, self.write_lock)
 
     def _get(self, index: int) -> Any:
