@@ -27,7 +27,6 @@ from tensordict import TensorDict, TensorDictBase
 from rbdata import checkpoint
 from rbdata.buffer import ReplayBuffer
 from rbdata.errors import EmptyBufferError, MissingExtraError
-from rbdata.samplers import _sumtree
 from rbdata.samplers.base import Sampler, check_batch_size
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.storages.arrow import ArrowStorage
@@ -252,10 +251,7 @@ def _shard_seed(seed: int, shard: int) -> int:
 
 def _tree_stats(sampler: Any) -> tuple[float, float]:
     """Total and smallest positive stored value of a prioritized sampler's trees."""
-    # PrioritizedSampler has no public total / min yet: read the trees' roots
-    total = float(sampler._sum[_sumtree.ROOT])
-    vmin = float(sampler._min[_sumtree.ROOT])
-    return total, vmin
+    return sampler.total(), sampler.min()
 
 
 class _Shard:

@@ -206,7 +206,8 @@ def test_arrow_counts_out_of_range_are_refused(tmp_path: Path, field: str, value
 # --- 1 and 14: component sizes checked before anything is constructed ----------------------
 def _tree_sizes(capacity: int) -> tuple[int, int]:
     sampler = PrioritizedSampler(capacity, 0.7, 0.5)
-    return sampler._sum.numel(), sampler._min.numel()
+    state = sampler.state_dict()
+    return state["sum_tree"].numel(), state["min_tree"].numel()
 
 
 @pytest.fixture

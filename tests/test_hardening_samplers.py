@@ -26,6 +26,7 @@ from rbdata import (
     UniformSampler,
 )
 from rbdata.samplers import _slices, _sumtree
+from rbdata.samplers import prioritized as prioritized_module
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -50,7 +51,8 @@ def assert_same_trees(before: tuple[Any, ...], sampler: PrioritizedSampler) -> N
 def tree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
     """Run on the numba kernels and on the torch reference path (set before construction)."""
     if request.param == "torch":
-        monkeypatch.setattr(_sumtree, "HAS_NUMBA", False)
+        monkeypatch.setattr(_sumtree, "HAS_NUMBA", False)  # CPU trees without numba:
+        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")  # the reference
     return str(request.param)
 
 

@@ -24,15 +24,39 @@ from torch.utils.data import DataLoader
 from rbdata import BatchSampler, MemmapStorage, PrioritizedSampler, ReplayBuffer, TensorStorage
 from rbdata.samplers import _sumtree, _torch_tree
 from rbdata.samplers import prioritized as prioritized_module
+from rbdata.samplers._cpu_trees import CpuTrees
+from rbdata.samplers._device_trees import DeviceTrees, triton_ready
 
 CUDA = torch.cuda.is_available()
 needs_numba = pytest.mark.skipif(not _sumtree.HAS_NUMBA, reason="numba is not installed")
 
 
-@pytest.fixture
-def device_path(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Samplers built inside the test take the device (CUDA) code path on CPU trees."""
+KERNELS = ["triton", "torch"]
+
+
+def use_kernels(monkeypatch: pytest.MonkeyPatch, kernels: str) -> None:
+    """Samplers built from here take the device (CUDA) code path with ``kernels``.
+
+    Without a GPU: on CPU trees, the Triton kernels in Triton's interpreter (the tests'
+    conftest sets ``TRITON_INTERPRET=1``).
+    """
+    if kernels == "triton" and not triton_ready(torch.device("cpu")):
+        pytest.skip("triton is not installed (or not in interpreter mode without a GPU)")
     monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", kernels)
+
+
+@pytest.fixture(params=KERNELS)
+def device_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Samplers built inside the test take the device code path on CPU trees, each kernel set."""
+    use_kernels(monkeypatch, str(request.param))
+    return str(request.param)
+
+
+def device_trees(sampler: Any) -> DeviceTrees:
+    trees = sampler._trees
+    assert isinstance(trees, DeviceTrees)
+    return trees
 
 
 def trees(capacity: int, dtype: torch.dtype, device: str = "cpu") -> tuple[torch.Tensor, ...]:
@@ -222,12 +246,15 @@ CASES = {
 }
 
 
+@pytest.mark.parametrize("kernels", KERNELS)
 @pytest.mark.parametrize("case", list(CASES))
-def test_device_path_matches_the_cpu_sampler(case: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_device_path_matches_the_cpu_sampler(
+    case: str, kernels: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
     cpu = buffer(**CASES[case])
-    monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+    use_kernels(monkeypatch, kernels)
     dev = buffer(**CASES[case])
-    assert dev.sampler._on_device and not dev.sampler._fast  # type: ignore[attr-defined]
+    assert device_trees(dev.sampler).kernels == kernels
     for step, (a, b) in enumerate(zip(run_workload(cpu), run_workload(dev), strict=True)):
         assert torch.equal(a[0], b[0]), f"indices of batch {step}"
         torch.testing.assert_close(a[1], b[1], rtol=2.0**-23, atol=0.0)
@@ -247,7 +274,7 @@ BAD_UPDATES = [
     ([0, 1], [1.0, -0.5], r"priority: expected values >= 0, got -0.5"),
     ([0, 10], [1.0, 1.0], r"index: 10 is outside the filled range \[0, 10\)"),
     ([-1], [1.0], r"index: -1 is outside the filled range"),
-    ([0, 1], [1.0, 1e30], r"priority: 1[.0-9]*e\+30 gives .* not finite in the tree's float32"),
+    ([0, 1], [1.0, 1e30], r"priority: 1[.0-9]*e\+30 at index 1 gives .* not finite in the tree's"),
     ([2, 2, 5], [2e38, 3e38, 3e38], r"total overflow"),
 ]
 
@@ -285,9 +312,9 @@ def test_device_path_refuses_a_bad_update_and_reports_it_later(
 def test_device_path_only_the_first_refusal_is_kept() -> None:
     rb = buffer(capacity=16)
     rb.extend(transitions(10))
-    rb.sampler._err_np[:] = 0  # type: ignore[attr-defined]  # (as if the GPU had not reported)
+    device_trees(rb.sampler)._err_np[:] = 0  # (as if the GPU had not reported)
     rb.update_priority([0], [-1.0])
-    rb.sampler._err_np[:] = 0  # type: ignore[attr-defined]
+    device_trees(rb.sampler)._err_np[:] = 0
     rb.update_priority([0], [float("nan")])
     with pytest.raises(ValueError, match=r"got -1\.0"):
         rb.sampler.check_errors()  # type: ignore[attr-defined]
@@ -348,12 +375,12 @@ def test_device_path_new_items_are_queued_and_applied_in_order() -> None:
     sampler = rb.sampler
     assert isinstance(sampler, PrioritizedSampler)
     rb.extend(transitions(4))
-    assert len(sampler._pending_tensors) == 1  # queued, not applied yet
+    assert len(device_trees(sampler)._pending_tensors) == 1  # queued, not applied yet
     assert sampler.priority_values([0, 3, 4]).tolist() == [1.0, 1.0, 0.0]
     rb.update_priority([1], [5.0])
     rb.add(transitions(1, 4)[0])
     rb.add(transitions(1, 5)[0])
-    assert sampler._pending_slots == [4, 5]
+    assert device_trees(sampler)._pending_slots == [4, 5]
     rb.update_priority([4], [0.5])  # the queued items come first: then 4 gets 0.5
     assert sampler.priority_values().tolist() == [1.0, 5.0, 1.0, 1.0, 0.5, 5.0, 0.0, 0.0]
     rb.extend(transitions(4, 6))  # wraps: slots 6, 7, 0, 1 get the highest priority, 5.0
@@ -393,7 +420,7 @@ def test_device_path_state_round_trips_and_pickles() -> None:
     rb.add(transitions(1, 900)[0])  # a queued item travels too
     state = sampler.state_dict()
     clone = pickle.loads(pickle.dumps(sampler))
-    assert clone._on_device
+    device_trees(clone)
     assert torch.equal(clone.state_dict()["sum_tree"], state["sum_tree"])
     other = PrioritizedSampler(32, 0.6, 0.4)
     other.load_state_dict(state)
@@ -419,7 +446,7 @@ def test_device_none_follows_the_storage() -> None:
     sampler = PrioritizedSampler(16, 0.6, 0.4)
     assert sampler.device == torch.device("cpu") and sampler.config()["device"] is None
     ReplayBuffer(TensorStorage(16), sampler)
-    assert sampler.device == torch.device("cpu") and sampler._fast == _sumtree.HAS_NUMBA
+    assert sampler.device == torch.device("cpu") and isinstance(sampler._trees, CpuTrees)
     pinned = PrioritizedSampler(16, 0.6, 0.4, device="cpu")
     assert pinned.config()["device"] == "cpu"
     given = PrioritizedSampler(16, 0.6, 0.4, data_source=TensorStorage(16))
@@ -581,7 +608,7 @@ def test_cuda_sample_and_update_never_wait_for_the_gpu() -> None:
     rb = ReplayBuffer(storage, sampler, batch_size=batch_size)
     data = {"obs": torch.randn(capacity, 32), "reward": torch.randn(capacity)}
     rb.extend(data)
-    memmap_rb = ReplayBuffer(MemmapStorage(1000), PrioritizedSampler(1000, 0.6, 0.4, "cuda"))
+    memmap_rb = ReplayBuffer(MemmapStorage(1000), PrioritizedSampler(1000, 0.6, 0.4, device="cuda"))
     memmap_rb.extend({"obs": torch.randn(1000, 4)})
     cpu_index = torch.randint(capacity, (batch_size,))
     cpu_prio = torch.rand(batch_size)
@@ -639,3 +666,33 @@ def test_cuda_storage_extend_from_cpu_round_trips_the_data() -> None:
     ids = got["id"].cpu()
     assert ids.tolist() == expected
     torch.testing.assert_close(got["observation"][:, 0].cpu(), ids.float())
+
+
+WITHOUT_TRITON = """
+import sys, warnings
+warnings.simplefilter("error")
+sys.modules["triton"] = None  # as if it were not installed
+import torch
+import rbdata
+from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
+from rbdata.samplers import prioritized
+prioritized._DEVICE_PATH_ON_CPU = True
+rb = ReplayBuffer(TensorStorage(64), PrioritizedSampler(64, 0.6, 0.4))
+rb.extend({"x": torch.arange(40.0)})
+rb.update_priority(torch.arange(40), torch.arange(40.0))
+assert rb.sampler._trees.kernels == "torch", rb.sampler._trees.kernels
+batch = rb.sample(32)
+assert int(batch["index"].min()) >= 1  # slot 0 has priority 0 (eps=1e-8: never drawn here)
+print("ok")
+"""
+
+
+def test_without_triton_the_torch_kernels_run_and_nothing_warns() -> None:
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-c", WITHOUT_TRITON], capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "ok" and not done.stderr.strip()
