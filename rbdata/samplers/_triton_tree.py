@@ -229,8 +229,10 @@ def _check_kernel(  # type: ignore[no-untyped-def]
     alpha = tl.load(params + 1)
     fine = mask & (code == 0)
     bad = mask & (code != 0)
-    tl.atomic_min(acc_bad + tl.zeros([BLOCK], dtype=tl.int32), pos.to(tl.int64), mask=bad)
     value = _power(tl.where(fine, p + eps, 1.0), alpha, ALPHA_MODE)
+    # the call's accumulators: block reductions, then one scalar atomic each (one thread,
+    # in program order before this program's ticket below)
+    tl.atomic_min(acc_bad, tl.min(tl.where(bad, pos.to(tl.int64), 2**62), axis=0))
     tl.atomic_add(acc_sum, tl.sum(tl.where(fine, value, 0.0), axis=0))
     tl.atomic_max(acc_top, tl.max(tl.where(fine, p, 0.0), axis=0))
     # stamp the slot (the highest position wins) and count distinct touched children
@@ -245,7 +247,9 @@ def _check_kernel(  # type: ignore[no-untyped-def]
         tl.atomic_add(count + element, 1, mask=first)
         seen = tl.atomic_xchg(touched + element, 1, mask=first)
         first = first & (seen == 0)
-    # the last program decides for the whole call (every other one has counted in)
+    # the last program decides for the whole call (every other one has counted in): the
+    # barrier orders every warp's work of this program before its ticket
+    tl.debug_barrier()
     ticket = tl.atomic_add(done, 1)
     if ticket == tl.num_programs(0) - 1:
         total_new = tl.atomic_add(acc_sum, 0.0)
