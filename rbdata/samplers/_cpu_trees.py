@@ -47,7 +47,8 @@ class CpuTrees:
         self._offsets_np = np.asarray(_sumtree.layout(sum_tree), dtype=np.int64)
         self._leaf0 = int(self._offsets_np[-1])
         self._one = (np.zeros(1, np.int64), np.zeros(1, np.float64))  # see set_new
-        self._vmax, self._pmax = spec.vmax, spec.pmax
+        # the kernels' constants as plain attributes: read on every call
+        self._eps, self._alpha, self._vmax, self._pmax = spec.eps, spec.alpha, spec.vmax, spec.pmax
         self._max = max_priority
 
     @property
@@ -65,7 +66,6 @@ class CpuTrees:
 
     def set(self, index: Any, priority: Any, filled: int) -> None:
         """Validate and store priorities (one kernel; raises ``ValueError`` for a bad call)."""
-        spec = self.spec
         if contiguous_cpu_pair(index, priority):
             # the kernel reads the tensors in place (read only: autograd is not involved)
             code, pos, top = _nb_set_priorities_at(
@@ -77,21 +77,20 @@ class CpuTrees:
                 index.numel(),
                 priority.dtype is torch.float64,
                 filled,
-                spec.eps,
-                spec.alpha,
+                self._eps,
+                self._alpha,
                 self._vmax,
                 self._pmax,
             )
             if code:
                 bad = int(index.view(-1)[pos]), float(priority.view(-1)[pos])
-                raise ValueError(refusal(spec, code, *bad, filled))
+                raise ValueError(refusal(self.spec, code, *bad, filled))
             if top > self._max:
                 self._max = top
             return
         self._set_arrays(*index_and_priority(index, priority), filled)
 
     def _set_arrays(self, idx: np.ndarray, prio: np.ndarray, filled: int) -> None:
-        spec = self.spec
         code, pos, top = _nb_set_priorities(
             self._sum_np,
             self._min_np,
@@ -99,13 +98,13 @@ class CpuTrees:
             idx,
             prio,
             filled,
-            spec.eps,
-            spec.alpha,
+            self._eps,
+            self._alpha,
             self._vmax,
             self._pmax,
         )
         if code:
-            raise ValueError(refusal(spec, code, int(idx[pos]), float(prio[pos]), filled))
+            raise ValueError(refusal(self.spec, code, int(idx[pos]), float(prio[pos]), filled))
         if top > self._max:
             self._max = top
 
