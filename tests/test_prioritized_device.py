@@ -696,3 +696,12 @@ def test_without_triton_the_torch_kernels_run_and_nothing_warns() -> None:
     )
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "ok" and not done.stderr.strip()
+
+
+def test_rbdata_triton_0_picks_the_torch_reference(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setenv("RBDATA_TRITON", "0")
+    assert device_trees(PrioritizedSampler(16, 0.6, 0.4)).kernels == "torch"
+    monkeypatch.delenv("RBDATA_TRITON")
+    want = "triton" if triton_ready(torch.device("cpu")) else "torch"
+    assert device_trees(PrioritizedSampler(16, 0.6, 0.4)).kernels == want

@@ -27,6 +27,10 @@ import torch
 from rbdata.samplers import _sumtree
 from rbdata.samplers._device_trees import triton_ready
 
+# marked ``cuda`` so that ``make test-cuda`` (``pytest -m cuda``) runs them on a GPU too; without
+# one they run everywhere, in Triton's interpreter
+pytestmark = pytest.mark.cuda
+
 CUDA = torch.cuda.is_available()
 DEVICE = torch.device("cuda" if CUDA else "cpu")
 if not triton_ready(DEVICE):
