@@ -18,7 +18,8 @@ stored value at an eighth of the memory of a per-slot min tree.
 
 The torch functions are the reference and run on CPU and CUDA tensors alike: they are the
 batched operations of :mod:`rbdata.samplers._torch_tree` (vectorised over a batch, one level
-at a time, no host synchronisation), which also run the prioritized sampler's CUDA trees. On
+at a time, no host synchronisation), the reference of the prioritized sampler's device trees
+(which run fused Triton kernels where they can: :mod:`rbdata.samplers._triton_tree`). On
 CPU tensors the public functions dispatch to numba kernels with the same semantics when numba
 is importable.
 """

@@ -1,4 +1,8 @@
-"""Batched sum/min-tree operations in plain torch: the device path of the prioritized sampler.
+"""Batched sum/min-tree operations in plain torch: the reference of the device trees.
+
+The prioritized sampler's device trees run the fused Triton kernels of
+:mod:`rbdata.samplers._triton_tree` where Triton can run, and these ops otherwise (no Triton,
+``RBDATA_TRITON=0``); tests hold the two to the same results.
 
 The trees are those of :mod:`rbdata.samplers._sumtree` (8-ary, level by level in one 1-D
 tensor). Every function here works on a whole batch and loops over the tree's *levels* only
