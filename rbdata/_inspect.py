@@ -22,21 +22,21 @@ from typing import Any
 
 import torch
 
+from rbdata._atomic import CURRENT, live_dir
+from rbdata._files import inside, open_nofollow
 from rbdata._layout import STRING, TENSOR, Layout
 from rbdata.checkpoint import _FORMAT, _META, _TENSORS, FORMAT_VERSION, component_class
-from rbdata.checkpoint._atomic import CURRENT, live_dir
 from rbdata.checkpoint._codec import MARK, check_table
 from rbdata.checkpoint._storage_checks import check_storage
 from rbdata.checkpoint._validate import check_int, read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers._sumtree import ROOT
 from rbdata.samplers.prioritized import PrioritizedSampler
-from rbdata.storages import arrow
-from rbdata.storages._arrow_checks import check_meta as check_arrow_meta
-from rbdata.storages._arrow_checks import parse_meta
-from rbdata.storages._files import inside, open_nofollow
-from rbdata.storages._journal import Header
-from rbdata.storages._memmap_files import (
+from rbdata.storages.arrow import storage as arrow
+from rbdata.storages.arrow._checks import check_meta as check_arrow_meta
+from rbdata.storages.arrow._checks import parse_meta
+from rbdata.storages.list import ListStorage
+from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
     LAYOUT_FILE,
@@ -44,7 +44,7 @@ from rbdata.storages._memmap_files import (
     check_meta,
     read_layout,
 )
-from rbdata.storages.list import ListStorage
+from rbdata.storages.memmap._journal import Header
 
 __all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
 

@@ -121,7 +121,7 @@ def test_header_fields_are_range_checked(
     if fmt == "legacy":  # what older rbdata wrote: length, next, zeros
         data = struct.pack("=8q", length, nxt, 0, 0, 0, 0, 0, 0)
     else:
-        from rbdata.storages._journal import encode_header
+        from rbdata.storages.memmap._journal import encode_header
 
         data = encode_header(length, nxt)
     (root / "header.bin").write_bytes(data)
@@ -228,7 +228,8 @@ sys.path.insert(0, {tests!r})
 from test_hardening_memmap import batch
 from rbdata import ReplayBuffer
 from rbdata.storages import MemmapStorage
-from rbdata.storages import _journal, memmap
+from rbdata.storages.memmap import _journal
+from rbdata.storages.memmap import storage as memmap
 rb = ReplayBuffer(MemmapStorage.open({root!r}))
 {patch}
 rb.extend(batch(5, 100))  # slots 6, 7 (free), then 0, 1, 2 (live items)

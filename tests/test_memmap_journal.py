@@ -20,7 +20,7 @@ from tensordict import TensorDict
 
 from rbdata import ReplayBuffer
 from rbdata.storages import MemmapStorage
-from rbdata.storages._journal import Journal
+from rbdata.storages.memmap._journal import Journal
 
 CAP = 8
 JOURNAL = "journal.bin"

@@ -19,7 +19,7 @@ from rbdata.storages import (
     TensorStorage,
     _collate,
 )
-from rbdata.storages import arrow as arrow_module
+from rbdata.storages.arrow import storage as arrow_module
 
 
 class TestTensorStorage(StorageContract):

@@ -17,8 +17,8 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import MemmapStorage, ReplayBuffer
-from rbdata.storages import _versions
-from rbdata.storages._versions import SlotVersions, consistent_rows
+from rbdata.storages.memmap import _versions
+from rbdata.storages.memmap._versions import SlotVersions, consistent_rows
 
 
 def _codes(n: int, start: int, width: int = 9) -> TensorDict:

@@ -19,7 +19,8 @@ import shutil
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rbdata.checkpoint._atomic import fsync_dir, live_dir, new_staging, publish
+from rbdata._atomic import fsync_dir, live_dir, new_staging, publish
+from rbdata._files import atomic_write_json
 from rbdata.checkpoint._checksum import ALGORITHM
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
@@ -42,7 +43,6 @@ from rbdata.samplers import (
 )
 from rbdata.samplers.base import Sampler
 from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
-from rbdata.storages._files import atomic_write_json
 from rbdata.storages.base import Storage
 from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 from rbdata.writers.base import Writer

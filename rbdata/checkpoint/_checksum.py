@@ -23,9 +23,9 @@ from typing import Any
 
 import torch
 
+from rbdata._files import open_nofollow
 from rbdata.checkpoint._validate import check_int, get_dict, get_int, plain_file
 from rbdata.errors import CheckpointError
-from rbdata.storages._files import open_nofollow
 
 __all__ = [
     "ALGORITHM",

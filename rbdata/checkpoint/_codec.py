@@ -22,10 +22,10 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rbdata._files import open_nofollow
 from rbdata.checkpoint._checksum import entry
 from rbdata.checkpoint._validate import check_int, get, get_list, plain_file
 from rbdata.errors import CheckpointError
-from rbdata.storages._files import open_nofollow
 
 __all__ = [
     "MARK",

@@ -19,13 +19,13 @@ from rbdata.checkpoint._validate import (
     read_json,
 )
 from rbdata.errors import CheckpointError
-from rbdata.storages._arrow_checks import check_meta as check_arrow_meta
-from rbdata.storages._memmap_files import check_meta, read_layout
-from rbdata.storages.arrow import _FORMAT as ARROW_FORMAT
-from rbdata.storages.arrow import _VERSION as ARROW_VERSION
 from rbdata.storages.arrow import ArrowStorage
+from rbdata.storages.arrow._checks import check_meta as check_arrow_meta
+from rbdata.storages.arrow.storage import _FORMAT as ARROW_FORMAT
+from rbdata.storages.arrow.storage import _VERSION as ARROW_VERSION
 from rbdata.storages.base import Storage
 from rbdata.storages.list import ListStorage
+from rbdata.storages.memmap._directory import check_meta, read_layout
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["ARROW_META", "DIR", "HEADER", "LAYOUT", "check_storage"]

@@ -23,20 +23,20 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._atomic import fsync_dir
+from rbdata._files import remove_with
 from rbdata._layout import Layout
-from rbdata.checkpoint._atomic import fsync_dir
 from rbdata.checkpoint._checksum import copy_with_crc, entry, file_entry, tensor_crc
 from rbdata.checkpoint._codec import decode, encode
 from rbdata.checkpoint._storage_checks import ARROW_META, DIR, HEADER, LAYOUT, check_storage
 from rbdata.checkpoint._validate import leaf_path, read_json
 from rbdata.errors import CheckpointError
-from rbdata.storages._files import remove_with
-from rbdata.storages._memmap_files import write_directory
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.convert import copy_rows
 from rbdata.storages.list import ListStorage
 from rbdata.storages.memmap import MemmapStorage
+from rbdata.storages.memmap._directory import write_directory
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = [

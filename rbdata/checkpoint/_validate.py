@@ -17,9 +17,9 @@ from typing import Any
 
 import torch
 
+from rbdata._files import inside, open_nofollow
 from rbdata.errors import CheckpointError
 from rbdata.samplers.prioritized import PrioritizedSampler
-from rbdata.storages._files import inside, open_nofollow
 from rbdata.writers.max_value import MaxValueWriter
 
 __all__ = [

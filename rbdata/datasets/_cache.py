@@ -26,9 +26,9 @@ from typing import Any
 import filelock
 import platformdirs
 
-from rbdata.checkpoint._atomic import fsync_dir
+from rbdata._atomic import fsync_dir
+from rbdata._files import read_meta
 from rbdata.datasets._lock import VanishingLock, file_lock
-from rbdata.storages._files import read_meta
 
 __all__ = [
     "DATASET_FILE",

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from rbdata._layout import RAGGED, STRING, TENSOR, Layout
-from rbdata.storages.arrow import _TORCH_TO_NUMPY, ArrowStorage
+from rbdata.storages.arrow.storage import _TORCH_TO_NUMPY, ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage

@@ -22,7 +22,7 @@ newest ``capacity`` rows are always stored exactly. The trade-off: a random ``se
 several chunks rewrites each of them (``chunk_size`` rows each).
 
 **What survives a crash.** Every write (``set``, ``extend``) is first appended to the redo
-journal as one checksummed record (the slots and the rows; see ``_arrow_journal.py``), then
+journal as one checksummed record (the slots and the rows; see ``_journal.py``), then
 applied. The metadata is written only when every row is in the chunk files (on
 :meth:`flush`, :meth:`close`, pickling, and when the journal passes 32 MiB), with a new
 *epoch*; the journal is then removed, and records of an older epoch are ignored. So the
@@ -36,10 +36,10 @@ torn, even when it overwrote a full ring in place. A kill keeps the page cache, 
 this waits for the disk; surviving a power loss needs :meth:`flush` (fsync). Chunk files are
 plain Arrow once flushed or closed — or dropped: like a Python file, a storage dropped without
 :meth:`close` (``del``, garbage collection, interpreter exit) writes its rows to the chunk
-files then (without fsync; see ``_arrow_lifecycle.py``). Only a kill leaves rows in the
+files then (without fsync; see ``_lifecycle.py``). Only a kill leaves rows in the
 journal alone, for :meth:`open`.
 
-**Every file is checked when it is opened** (``_arrow_checks.py``): the metadata's fields,
+**Every file is checked when it is opened** (``_checks.py``): the metadata's fields,
 types and ranges before anything is allocated; each chunk file's schema, row count, every
 buffer (``validate(full=True)``) and the addresses the gather kernel reads. Files are opened
 without following symlinks, and a symlinked directory is refused.
@@ -66,10 +66,11 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack
 
+from rbdata._files import check_dir, inside, open_nofollow, storage_dir
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
 from rbdata._numba import HAS_NUMBA
 from rbdata._numba import voidptr as _nb_voidptr
-from rbdata.storages._arrow_checks import (
+from rbdata.storages.arrow._checks import (
     TORCH_TO_NUMPY,
     arrow_type,
     check_batch,
@@ -78,10 +79,9 @@ from rbdata.storages._arrow_checks import (
     check_views,
     parse_meta,
 )
-from rbdata.storages._arrow_items import is_item_list, stack_variable_items
-from rbdata.storages._arrow_journal import JOURNAL_FILE, Journal, read_journal
-from rbdata.storages._arrow_lifecycle import flush_when_dropped
-from rbdata.storages._files import check_dir, inside, open_nofollow, storage_dir
+from rbdata.storages.arrow._items import is_item_list, stack_variable_items
+from rbdata.storages.arrow._journal import JOURNAL_FILE, Journal, read_journal
+from rbdata.storages.arrow._lifecycle import flush_when_dropped
 from rbdata.storages.base import Prepared, Storage
 
 if HAS_NUMBA:  # pragma: no branch - numba is a core dependency
@@ -271,7 +271,7 @@ class ArrowStorage(Storage):
         self._init_state()
         self._write_meta()
         self._journal: Journal | None = Journal(root)
-        # flushed when dropped unclosed (del, gc, exit), as files are: _arrow_lifecycle.py
+        # flushed when dropped unclosed (del, gc, exit), as files are: _lifecycle.py
         self._dropped: weakref.finalize | None = flush_when_dropped(self)
 
     def _init_state(self) -> None:
@@ -583,7 +583,7 @@ class ArrowStorage(Storage):
         """Validate ``data`` (see :meth:`Storage.prepare`); a list of items is stacked per key.
 
         A list of dict-like items becomes one batch leaf by leaf
-        (:func:`~rbdata.storages._arrow_items.stack_variable_items`): ``str`` values a string
+        (:func:`~rbdata.storages.arrow._items.stack_variable_items`): ``str`` values a string
         leaf, the values of a ragged key (declared in ``ragged=`` or stored as ragged) a list
         of ragged rows, whatever their lengths; any other key whose shapes differ between
         items is refused with a ``ValueError`` naming the item and the key.
@@ -874,7 +874,7 @@ class ArrowStorage(Storage):
         """Map a chunk file, check it against the layout, and view its fixed-shape columns.
 
         Everything the gather kernel, the views and the in-place writes will touch is
-        checked here, once (see :func:`~rbdata.storages._arrow_checks.check_batch`).
+        checked here, once (see :func:`~rbdata.storages.arrow._checks.check_batch`).
         """
         pa = _pyarrow()
         layout = self._layout

@@ -19,9 +19,9 @@ from typing import Any
 
 import torch
 
+from rbdata._files import atomic_write_json, check_dir, inside, open_nofollow
 from rbdata._layout import TENSOR, Layout
-from rbdata.storages._files import atomic_write_json, check_dir, inside, open_nofollow
-from rbdata.storages._journal import (
+from rbdata.storages.memmap._journal import (
     HEADER_BYTES,
     encode_header,
 )

@@ -33,7 +33,7 @@ import torch
 
 from rbdata._layout import TENSOR, Layout
 from rbdata._numba import HAS_NUMBA, fence, voidptr
-from rbdata.storages._journal import (
+from rbdata.storages.memmap._journal import (
     COMMITTED,
     HEADER_TERMS,
     JOURNAL_HEAD,

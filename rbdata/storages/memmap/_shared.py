@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from rbdata.storages._journal import HEADER_BYTES, _open_fd, _regular_size
+from rbdata.storages.memmap._journal import HEADER_BYTES, _open_fd, _regular_size
 
 __all__ = ["SharedState"]
 

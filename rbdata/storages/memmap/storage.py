@@ -7,7 +7,7 @@ On disk, a storage directory holds:
   (``posix_fallocate``: a full disk is an ``OSError`` at the first extend, never a SIGBUS);
 - ``header.bin``: the filled length and the slot after the last write (where a ring writer
   resumes), as a double record switched by one 8-byte store (see
-  :mod:`rbdata.storages._journal`);
+  :mod:`rbdata.storages.memmap._journal`);
 - ``journal.bin``: the redo journal of the last write that overwrote live items.
 
 Every write is atomic across a SIGKILL of the writing process: after :meth:`MemmapStorage.open`
@@ -45,23 +45,17 @@ from typing import Any
 
 import torch
 
-from rbdata._index import ring_runs
-from rbdata._layout import Layout
-from rbdata.storages import _memory
-from rbdata.storages._files import (
+from rbdata._files import (
     atomic_write_json,
     inside,
     storage_dir,
 )
-from rbdata.storages._journal import (
-    Header,
-    Journal,
-    Plan,
-    create_file,
-    map_file,
-    read_orphan,
-)
-from rbdata.storages._memmap_files import (
+from rbdata._index import ring_runs
+from rbdata._layout import Layout
+from rbdata.storages import _memory
+from rbdata.storages._unpack import numpy_views
+from rbdata.storages.base import Prepared
+from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
     LAYOUT_FILE,
@@ -70,11 +64,17 @@ from rbdata.storages._memmap_files import (
     layout_meta,
     read_layout,
 )
-from rbdata.storages._packed import PackedRow
-from rbdata.storages._shared import SharedState
-from rbdata.storages._unpack import numpy_views
-from rbdata.storages._versions import VERSIONS_FILE, SlotVersions, consistent_rows
-from rbdata.storages.base import Prepared
+from rbdata.storages.memmap._journal import (
+    Header,
+    Journal,
+    Plan,
+    create_file,
+    map_file,
+    read_orphan,
+)
+from rbdata.storages.memmap._packed import PackedRow
+from rbdata.storages.memmap._shared import SharedState
+from rbdata.storages.memmap._versions import VERSIONS_FILE, SlotVersions, consistent_rows
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["MemmapStorage"]

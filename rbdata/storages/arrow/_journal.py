@@ -27,7 +27,7 @@ import zlib
 from pathlib import Path
 from typing import Any
 
-from rbdata.storages._files import open_nofollow
+from rbdata._files import open_nofollow
 
 __all__ = ["JOURNAL_FILE", "Journal", "read_journal"]
 

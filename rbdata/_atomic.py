@@ -16,8 +16,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from rbdata._files import open_nofollow
 from rbdata.errors import CheckpointError
-from rbdata.storages._files import open_nofollow
 
 __all__ = ["CURRENT", "fsync_dir", "live_dir", "new_staging", "publish"]
 

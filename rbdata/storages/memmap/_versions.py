@@ -35,7 +35,7 @@ import numpy as np
 import torch
 
 from rbdata._numba import HAS_NUMBA, fence
-from rbdata.storages._journal import _open_fd, _regular_size
+from rbdata.storages.memmap._journal import _open_fd, _regular_size
 
 __all__ = ["VERSIONS_FILE", "SlotVersions", "barrier", "consistent_rows", "slots_of"]
 

@@ -1,0 +1,12 @@
+"""The Arrow storage: items as Arrow IPC chunks on disk, memory-mapped for reading.
+
+- :mod:`~rbdata.storages.arrow.storage`: :class:`ArrowStorage`, the map-style dataset;
+- ``_lifecycle``: opening, finalizing and closing the directory;
+- ``_journal``: the write journal of a storage being filled;
+- ``_items``: converting items (ragged leaves, strings) to and from Arrow arrays;
+- ``_checks``: the on-disk format checks shared with checkpoints and ``rbdata inspect``.
+"""
+
+from rbdata.storages.arrow.storage import ArrowStorage
+
+__all__ = ["ArrowStorage"]

@@ -1,0 +1,13 @@
+"""The memory-mapped storage: one file per leaf, a journal for torn writes, shared across processes.
+
+- :mod:`~rbdata.storages.memmap.storage`: :class:`MemmapStorage`, the map-style dataset;
+- ``_directory``: the on-disk layout (``meta.json``, one ``.bin`` per leaf) and its writer;
+- ``_journal``: the write-ahead journal that makes a killed write replayable;
+- ``_packed``: the numba row writer of the per-step ``add``;
+- ``_shared``: the state shared by the processes of a shared storage;
+- ``_versions``: the per-slot seqlock words that let readers detect a torn row.
+"""
+
+from rbdata.storages.memmap.storage import MemmapStorage
+
+__all__ = ["MemmapStorage"]
