@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 
+import numpy as np
 import pytest
 import torch
 from contracts import assert_rows_are, transitions
@@ -191,3 +192,15 @@ def test_samplers_plug_into_dataloader() -> None:
     assert sorted(no_repl.sample(30).tolist()) == list(range(30))
     with pytest.raises(ValueError, match="batch_size 31 is larger than the 30 items"):
         no_repl.sample(31)
+
+
+def test_replay_buffer_checks_writer_and_transform() -> None:
+    sampler = UniformSampler()
+    with pytest.raises(TypeError, match=r"writer must be an rbdata Writer .* got object"):
+        ReplayBuffer(TensorStorage(4), sampler, writer=object())  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="transform must be callable, got int"):
+        ReplayBuffer(TensorStorage(4), sampler, transform=5)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="batch_size must be a positive integer"):
+        ReplayBuffer(TensorStorage(4), sampler, batch_size=0)
+    assert sampler.data_source is None  # refused before the sampler was bound
+    assert UniformSampler(replacement=np.bool_(False)).replacement is False

@@ -11,7 +11,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 
-from rbdata import ReplayBuffer, SliceSampler, TensorStorage
+from rbdata import MaxValueWriter, ReplayBuffer, SliceSampler, TensorStorage
 from rbdata.storages import ArrowStorage, MemmapStorage
 
 
@@ -270,3 +270,68 @@ def test_a_list_of_items_with_ragged_or_string_fields(tmp_path: Path) -> None:
         starts.update(idx[:, 0].tolist())
     assert starts == {0, 2, 3}  # brute force: the starts whose slice stays in one episode
     rb.storage.close()
+
+
+def transitions(n: int, start: int = 0) -> TensorDict:
+    return TensorDict({"obs": torch.arange(start, start + n).float().unsqueeze(1)}, [n])
+
+
+# --- a sampler that refuses a write refuses it before the write ---------------------
+def _episodes(returns: list[float], start: int = 0) -> TensorDict:
+    n = len(returns)
+    return TensorDict(
+        {
+            "obs": torch.arange(start, start + n).float().unsqueeze(1),
+            "ret": torch.tensor(returns, dtype=torch.float64),
+            "next": {"done": torch.ones(n, 1, dtype=torch.bool)},
+        },
+        [n],
+    )
+
+
+@pytest.mark.parametrize("method", ["extend", "add"])
+def test_slice_sampler_refusal_leaves_storage_writer_and_sampler_unchanged(method: str) -> None:
+    rb = ReplayBuffer(TensorStorage(8), SliceSampler(slice_len=1), MaxValueWriter("ret"))
+    rb.extend(_episodes([1, 2, 3, 4, 5, 6, 7, 0]))  # the lowest rank is in slot 7
+    data = rb.storage[:].clone()
+    writer_state = rb.writer.state_dict()
+    sampler_state = rb.sampler.state_dict()
+    new = _episodes([10.0], start=100)  # replaces slot 7; the time order expects slot 0
+    with pytest.raises(ValueError, match="a write at slot 7 does not continue the time order"):
+        if method == "extend":
+            rb.extend(new)
+        else:
+            rb.add(new[0])
+    assert len(rb) == 8
+    stored = rb.storage[:]
+    assert torch.equal(stored["obs"], data["obs"])  # slot 7 still holds obs 7
+    assert torch.equal(stored["ret"], data["ret"])
+    after = rb.writer.state_dict()
+    assert torch.equal(after["ranks"], writer_state["ranks"])
+    assert torch.equal(after["stamps"], writer_state["stamps"])
+    assert (after["count"], after["next_stamp"]) == (
+        writer_state["count"],
+        writer_state["next_stamp"],
+    )
+    got = rb.sampler.state_dict()
+    assert (got["time"], got["base"]) == (sampler_state["time"], sampler_state["base"])
+    assert torch.equal(got["ends"], sampler_state["ends"])
+
+
+def test_slice_sampler_missing_episode_key_writes_nothing() -> None:
+    rb = ReplayBuffer(TensorStorage(8), SliceSampler(slice_len=2))
+    with pytest.raises(ValueError, match=r"no key \('next', 'done'\)"):
+        rb.extend(transitions(4))
+    assert len(rb) == 0
+    assert rb.writer.state_dict() == {"cursor": None}
+    assert rb.sampler.state_dict()["time"] == 0
+
+
+def test_first_write_refused_leaves_max_value_writer_unread() -> None:
+    storage = TensorStorage(8)
+    rb = ReplayBuffer(storage, SliceSampler(slice_len=1), MaxValueWriter("ret"))
+    bad = TensorDict({"ret": torch.tensor([1.0, 2.0])}, [2])  # no ("next", "done")
+    with pytest.raises(ValueError, match="no key"):
+        rb.extend(bad)
+    assert len(storage) == 0
+    assert rb.writer.state_dict()["ranks"] is None  # still "not read yet"

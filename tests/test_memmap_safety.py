@@ -1,4 +1,4 @@
-"""MemmapStorage hardening (issue 11): no escape, every header and layout field checked at open,
+"""MemmapStorage safety: no escape, every header and layout field checked at open,
 atomic writes replayed after a crash, a full disk refused cleanly, nothing works after close."""
 
 from __future__ import annotations
@@ -225,7 +225,7 @@ def test_open_reads_every_item_it_accepts(tmp_path: Path) -> None:
 KILL_IN = """
 import os, signal, sys, torch
 sys.path.insert(0, {tests!r})
-from test_hardening_memmap import batch
+from test_memmap_safety import batch
 from rbdata import ReplayBuffer
 from rbdata.storages import MemmapStorage
 from rbdata.storages.memmap import _journal
@@ -341,7 +341,7 @@ def test_file_size_limit_is_an_oserror_not_a_crash(tmp_path: Path) -> None:
         f"""
         import errno, resource, signal, sys
         sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from test_hardening_memmap import batch
+        from test_memmap_safety import batch
         from rbdata.storages import MemmapStorage
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         storage = MemmapStorage(200_000, path={str(root)!r})  # 4.8 MB for "obs"

@@ -1,4 +1,4 @@
-"""ArrowStorage hardening (issue 11): no crash on bad files, no escape, nothing lost, clear errors.
+"""ArrowStorage safety: no crash on bad files, no escape, nothing lost, clear errors.
 
 Risky reads run in a child interpreter and the test asserts on its exit code: a signal (a
 negative return code) is a crash, whatever the child printed.

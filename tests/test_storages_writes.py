@@ -1,5 +1,5 @@
-"""Issue 11, items 7, 8, 9, 16 and 18 (storage parts): writes that must be refused whole or
-detached, clear messages for common mistakes, and small indexing semantics.
+"""Storage writes that must be refused whole or detached, clear messages for common mistakes,
+and small indexing semantics.
 
 Every refused write is checked to leave the storage exactly as it was (contents, ``len``,
 ``next_slot``) on each storage that keeps fixed-shape tensors.
@@ -57,7 +57,7 @@ def _filled(make: Callable[[int], Storage], b_dtype: torch.dtype = torch.int32) 
     return storage
 
 
-# --- item 7: requires_grad inputs are detached on write -----------------------------------
+# --- requires_grad inputs are detached on write -----------------------------------
 def test_extend_with_requires_grad_does_not_attach_the_buffer_to_autograd(
     make: Callable[[int], Storage],
 ) -> None:
@@ -100,7 +100,7 @@ def test_list_storage_detaches_tensors_inside_objects() -> None:
     assert first[0].tolist() == [2.0, 2.0, 2.0] and second["q"].item() == 3.0
 
 
-# --- item 8: narrowing casts ---------------------------------------------------------------
+# --- narrowing casts ---------------------------------------------------------------
 NARROWING = [
     # leaf dtype, given value, given dtype, error type, words the error must contain
     (torch.int32, 2**40 + 5, torch.int64, ValueError, ["1099511627781", "int32", "int64"]),
@@ -183,7 +183,7 @@ def test_integers_into_a_float_leaf_stay_allowed_unless_they_overflow(
     assert len(storage) == 3
 
 
-# --- item 9: nothing that can fail happens after the first byte is written -----------------
+# --- nothing that can fail happens after the first byte is written -----------------
 def _sparse_second(n: int) -> TensorDict:
     b = torch.arange(100, 100 + n, dtype=torch.int32).to_sparse()
     return TensorDict({"a": torch.full((n, 3), 9.0), "b": b}, [n])
@@ -224,7 +224,7 @@ def test_a_meta_leaf_is_refused_before_anything_is_written(make: Callable[[int],
     _assert_unchanged(storage, before)
 
 
-# --- item 16: messages that say what is wrong ------------------------------------------------
+# --- messages that say what is wrong ------------------------------------------------
 def test_a_list_of_items_missing_a_key_names_the_key(make: Callable[[int], Storage]) -> None:
     storage = _filled(make)
     before = _snapshot(storage)
@@ -284,7 +284,7 @@ def test_list_storage_takes_an_empty_list_as_an_empty_batch() -> None:
     _assert_unchanged(filled, before)
 
 
-# --- item 18: negative write indices, 0-d tensor indices, CUDA at construction ------------
+# --- negative write indices, 0-d tensor indices, CUDA at construction ------------
 def test_set_negative_index_counts_from_len(make: Callable[[int], Storage]) -> None:
     storage = _filled(make)  # 10 items in 16 slots
     item = {"a": torch.full((3,), -1.0), "b": torch.tensor(-1, dtype=torch.int32)}

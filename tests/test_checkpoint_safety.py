@@ -1,4 +1,4 @@
-"""Checkpoint hardening (issue 11): no escape, every field checked, no big allocation, checksums.
+"""Checkpoint safety: no escape, every field checked, no big allocation, checksums.
 
 Each test tampers with a checkpoint the way a user or an adversary could (symlinks, ``..``,
 hand-edited JSON, junk files, flipped bytes) and checks the observable result: a
