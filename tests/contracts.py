@@ -20,7 +20,7 @@ from rbdata import ReplayBuffer
 from rbdata.errors import EmptyBufferError
 from rbdata.storages import Storage
 
-__all__ = ["StorageContract", "ring_model", "transitions"]
+__all__ = ["StorageContract", "ring_model", "same_state", "snapshot", "transitions"]
 
 
 def transitions(n: int, start: int = 0) -> TensorDict:
@@ -294,3 +294,37 @@ class StorageContract:
             rb.sample()
         with pytest.raises(EmptyBufferError, match="empty"):
             next(iter(rb))
+
+
+# --- state dicts (sampler and writer contracts) ------------------------------------------------
+def same_state(a: Any, b: Any) -> bool:
+    """Deep equality of two ``state_dict`` s (tensors, arrays, dicts, lists, scalars)."""
+    if isinstance(a, dict) or isinstance(b, dict):
+        if not (isinstance(a, dict) and isinstance(b, dict)) or a.keys() != b.keys():
+            return False
+        return all(same_state(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)) or isinstance(b, (list, tuple)):
+        if not (isinstance(a, (list, tuple)) and isinstance(b, (list, tuple))):
+            return False
+        return len(a) == len(b) and all(same_state(x, y) for x, y in zip(a, b, strict=True))
+    if isinstance(a, (torch.Tensor, np.ndarray)) or isinstance(b, (torch.Tensor, np.ndarray)):
+        if not (
+            isinstance(a, (torch.Tensor, np.ndarray)) and isinstance(b, (torch.Tensor, np.ndarray))
+        ):
+            return False
+        ta, tb = torch.as_tensor(a), torch.as_tensor(b)
+        return ta.dtype == tb.dtype and ta.shape == tb.shape and torch.equal(ta, tb)
+    return type(a) is type(b) and a == b
+
+
+def snapshot(state: Any) -> Any:
+    """A deep copy of a ``state_dict`` (tensors cloned), immune to later in-place changes."""
+    if isinstance(state, dict):
+        return {k: snapshot(v) for k, v in state.items()}
+    if isinstance(state, list):
+        return [snapshot(v) for v in state]
+    if isinstance(state, torch.Tensor):
+        return state.clone()
+    if isinstance(state, np.ndarray):
+        return state.copy()
+    return state
