@@ -91,13 +91,14 @@ class SamplerContract:
         assert not same_draws(draws(a, 6, self.batch_size), draws(b, 6, self.batch_size))
 
     def test_global_seed_rules_the_default_generator(self) -> None:
-        torch.manual_seed(123)
-        a = self.make(None)
-        torch.manual_seed(123)
-        b = self.make(None)
-        assert same_state(a.state_dict(), b.state_dict())
-        torch.manual_seed(124)
-        assert not same_state(a.state_dict(), self.make(None).state_dict())
+        with torch.random.fork_rng(devices=[]):  # the global RNG is left as it was
+            torch.manual_seed(123)
+            a = self.make(None)
+            torch.manual_seed(123)
+            b = self.make(None)
+            assert same_state(a.state_dict(), b.state_dict())
+            torch.manual_seed(124)
+            assert not same_state(a.state_dict(), self.make(None).state_dict())
 
     # --- state_dict ------------------------------------------------------------------------
     @pytest.mark.parametrize("drawn", [0, 1, 5])
