@@ -235,7 +235,7 @@ class ReplayBuffer:
         extra = {"index": idx}
         if extras:
             extra.update(extras)
-        batch = self.storage._gather(idx, extra)
+        batch = self.storage.gather(idx, extra)
         transform = self.transform
         return batch if transform is None else transform(batch)
 

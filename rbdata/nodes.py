@@ -315,9 +315,9 @@ class BufferSource(BaseNode):
             sampler = self._sampler
             if sampler.epoch_based:
                 if not self._started:
-                    sampler._begin_iter()  # a fresh epoch (raises if the buffer is empty)
+                    sampler.begin_epoch()  # a fresh epoch (raises if the buffer is empty)
                     self._started = True
-                if sampler._epoch_over(self.batch_size):
+                if sampler.epoch_over(self.batch_size):
                     raise StopIteration
             else:
                 self._started = True

@@ -1,4 +1,4 @@
-"""The per-step ``add`` path (``Storage._add_fast``) against the general write path.
+"""The per-step ``add`` path (``Storage.add_fast``) against the general write path.
 
 The reference is the general path itself: ``storage.set(slot, item)`` validates and converts
 through ``Layout.split`` and never takes the fast path. For every item — leaves of the exact
@@ -177,7 +177,7 @@ def test_add_fast_stores_what_the_general_path_stores(
             assert (fast._row is not None) == (layout == "small")
         before = snapshot(fast)
         with np.errstate(all="raise"):  # a numpy cast warning would be a behaviour difference
-            took = fast._add_fast(slot, item)
+            took = fast.add_fast(slot, item)
         got = None if took else outcome(lambda fast=fast: fast.set(slot, item))
         want = outcome(lambda ref=ref: ref.set(slot, item))
         assert got == want, (item, got, want)
@@ -261,7 +261,7 @@ def test_a_refused_check_writes_nothing_on_the_fast_path() -> None:
 
 def test_closed_and_layoutless_storages_take_the_general_path(tmp_path: Path) -> None:
     storage = MemmapStorage(4, path=tmp_path / "m")
-    assert not storage._add_fast(0, cartpole_item(1))  # no layout yet
+    assert not storage.add_fast(0, cartpole_item(1))  # no layout yet
     rb = ReplayBuffer(storage)
     rb.add(cartpole_item(1))
     storage.close()
@@ -283,17 +283,17 @@ def test_float_bounds_follow_the_general_path() -> None:
     for value in (0.1, 1 / 3, 3.4e38, -3.4e38, 2.0**-149):
         storage = TensorStorage(2)
         storage.set(0, {"r": torch.zeros(())})
-        assert storage._add_fast(1, {"r": value})
+        assert storage.add_fast(1, {"r": value})
         assert storage.buffers[0][1].item() == np.float32(value).item()
     # a finite float that float32 cannot hold: the general path (as_tensor rounds it to inf)
     storage = TensorStorage(2)
     storage.set(0, {"r": torch.zeros(())})
-    assert not storage._add_fast(1, {"r": 1e300})
+    assert not storage.add_fast(1, {"r": 1e300})
     storage.set(1, {"r": 1e300})
     assert math.isinf(storage.buffers[0][1].item())
 
 
-# --- small batches (Storage._extend_fast) ---------------------------------------------------
+# --- small batches (Storage.extend_fast) ---------------------------------------------------
 BATCH_KINDS = ["np-exact"] * 4 + ["torch-exact"] * 2 + ["np-f64", "np-one-item", "np-wrong-shape"]
 
 
@@ -407,10 +407,10 @@ def test_any_key_string_is_data_never_code() -> None:
     storage.set(0, first)
     item = {k: np.float32(i) for i, k in enumerate(keys)}
     item["sub"] = {k: np.full(2, -i, np.float32) for i, k in enumerate(keys)}
-    assert storage._add_fast(1, item)
+    assert storage.add_fast(1, item)
     batch = {k: np.full(1, i, np.float32) for i, k in enumerate(keys)}
     batch["sub"] = {k: np.full((1, 2), -i, np.float32) for i, k in enumerate(keys)}
-    assert storage._extend_fast(2, batch) is not None
+    assert storage.extend_fast(2, batch) is not None
     got = storage[torch.tensor([1, 2])]
     for i, k in enumerate(keys):
         assert got[k].tolist() == [i, i]

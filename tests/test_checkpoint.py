@@ -251,13 +251,13 @@ def test_loads_reads_no_items(
     fill(rb)
     rb.dumps(tmp_path / "ckpt")
     reads: list[int] = []
-    real = TensorStorage._gather
+    real = TensorStorage.gather
 
     def counting(self: TensorStorage, idx: torch.Tensor, extra: Any) -> Any:
         reads.append(int(idx.numel()))
         return real(self, idx, extra)
 
-    monkeypatch.setattr(TensorStorage, "_gather", counting)
+    monkeypatch.setattr(TensorStorage, "gather", counting)
     loaded = ReplayBuffer.loads(tmp_path / "ckpt")
     assert reads == [], f"loads read {sum(reads)} items"
     assert_same(rb.sample(), loaded.sample())

@@ -129,14 +129,14 @@ def _spy_reads(monkeypatch: pytest.MonkeyPatch, storage: Storage) -> list[list[i
     """Record the slots of every read of ``storage``; single-item reads fail the test."""
     reads: list[list[int]] = []
     cls = type(storage)
-    real = cls._gather
+    real = cls.gather
 
     def gather(self: Any, idx: torch.Tensor, extra: Any) -> Any:
         if self is storage:
             reads.append(idx.tolist())
         return real(self, idx, extra)
 
-    monkeypatch.setattr(cls, "_gather", gather)
+    monkeypatch.setattr(cls, "gather", gather)
     monkeypatch.setattr(cls, "_get", lambda *a: pytest.fail("per-item read of the source"))
     return reads
 
@@ -320,7 +320,7 @@ def test_failure_midway_leaves_the_path_as_it_was(
     closing.append(src)
     fill(src, [8], "tensordict")
     reads: list[list[int]] = []
-    real = MemmapStorage._gather
+    real = MemmapStorage.gather
 
     def failing(self: Any, idx: torch.Tensor, extra: Any) -> Any:
         if len(reads) >= 1:
@@ -328,7 +328,7 @@ def test_failure_midway_leaves_the_path_as_it_was(
         reads.append(idx.tolist())
         return real(self, idx, extra)
 
-    monkeypatch.setattr(MemmapStorage, "_gather", failing)
+    monkeypatch.setattr(MemmapStorage, "gather", failing)
     for kind in ("memmap", "arrow"):
         reads.clear()
         with pytest.raises(OSError, match="disk on fire"):

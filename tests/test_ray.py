@@ -92,7 +92,7 @@ def test_global_weights_match_a_single_buffer_formula() -> None:
 
 def test_missing_ray_names_the_extra(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setitem(sys.modules, "ray", None)  # `import ray` raises ImportError
-    monkeypatch.setattr(distributed, "_ACTOR_CLASS", None)
+    monkeypatch.setattr(distributed._shard, "_ACTOR_CLASS", None)
     with pytest.raises(MissingExtraError, match=r"pip install 'rbdata\[ray\]'"):
         RayReplayBuffer(TensorStorage(10))
 

@@ -209,12 +209,12 @@ class StepWriter:
             return
         self._commit(storage, pos)
 
-    def _write_fast(self, storage: Any, pos: int, rows: list[np.ndarray[Any, Any]]) -> bool:
+    def _write_fast(self, storage: Storage, pos: int, rows: list[np.ndarray[Any, Any]]) -> bool:
         """The step's rows at slot ``pos`` through the storage's per-step row write."""
         n = self.n_envs
         if n == 1:
-            return bool(storage._write_row(pos, rows))
-        return bool(storage._write_rows(pos * n, n, rows))
+            return storage.write_row(pos, rows)
+        return storage.write_rows(pos * n, n, rows)
 
     def _commit(self, storage: Storage, pos: int) -> None:
         n = self.n_envs

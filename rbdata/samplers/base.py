@@ -107,7 +107,7 @@ class _SampleIterator(Iterator[Any]):
     def __next__(self) -> Any:
         if not self.started:
             self.started = True
-            self.sampler._begin_iter()
+            self.sampler.begin_epoch()
         if self.batch_size is None:
             if not self.pending:
                 if self.remaining is not None and self.remaining <= 0:
@@ -122,7 +122,7 @@ class _SampleIterator(Iterator[Any]):
             if self.remaining <= 0:
                 raise StopIteration
             self.remaining -= 1
-        elif self.sampler._epoch_over(self.batch_size):
+        elif self.sampler.epoch_over(self.batch_size):
             raise StopIteration
         idx, extras = self.sampler.draw(self.batch_size)
         return IndexBatch(idx, extras) if self.wrap else (idx, extras)
@@ -167,6 +167,12 @@ class Sampler(TorchSampler[int]):
     """Base class: iterate indices like any torch sampler, or draw a batch with ``sample``.
 
     Subclasses implement :meth:`draw`; the base owns iteration, state and validation.
+
+    **For implementers.** Every batch iterator (the sampler's own, :class:`BatchSampler`'s,
+    :class:`~rbdata.nodes.BufferSource`) runs one loop over two epoch hooks: at its first
+    batch it calls :meth:`begin_epoch`, and before each batch it asks :meth:`epoch_over`
+    (an :attr:`epoch_based` sampler's iteration ends there; the others' is ended by a count
+    of batches). The defaults suit samplers with replacement: no epoch, never over.
 
     Args:
         data_source: the storage (anything with ``__len__``) to sample from; ``None`` lets a
@@ -245,11 +251,18 @@ class Sampler(TorchSampler[int]):
     def reset(self) -> None:
         """Forget everything about the data (called by ``ReplayBuffer.empty``)."""
 
-    def _begin_iter(self) -> None:
-        """Called at the first draw of an iterator (epoch samplers start a fresh epoch)."""
+    def begin_epoch(self) -> None:
+        """Called at the first draw of an iterator (epoch samplers start a fresh epoch).
 
-    def _epoch_over(self, batch_size: int) -> bool:
-        """Whether a batch iterator started by :meth:`_begin_iter` has reached its end."""
+        Raises:
+            ~rbdata.errors.EmptyBufferError: an epoch sampler over an empty storage.
+        """
+
+    def epoch_over(self, batch_size: int) -> bool:
+        """Whether the epoch that :meth:`begin_epoch` started has no batch of ``batch_size`` left.
+
+        The default (samplers with replacement): never.
+        """
         return False
 
     #: whether :meth:`on_write` reads the written data (a buffer then reads the items other

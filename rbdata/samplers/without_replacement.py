@@ -48,7 +48,8 @@ class SamplerWithoutReplacement(Sampler):
         self._perm: torch.Tensor | None = None
         self._pos = 0
 
-    def _epoch_over(self, batch_size: int) -> bool:
+    def epoch_over(self, batch_size: int) -> bool:
+        """Whether the permutation is used up (or, with ``drop_last``, has no full batch left)."""
         perm = self._perm
         if perm is None:
             return True
@@ -60,7 +61,8 @@ class SamplerWithoutReplacement(Sampler):
         self._perm = torch.randperm(n, generator=self.generator)
         self._pos = 0
 
-    def _begin_iter(self) -> None:
+    def begin_epoch(self) -> None:
+        """Draw a fresh permutation of the items."""
         self._new_epoch()
 
     def _epoch_batches(self, batch_size: int) -> int:
@@ -69,7 +71,7 @@ class SamplerWithoutReplacement(Sampler):
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """The next ``batch_size`` indices of the epoch (a new epoch starts when it ends)."""
-        if self._epoch_over(batch_size):
+        if self.epoch_over(batch_size):
             if self.drop_last and batch_size > self._length():
                 raise ValueError(
                     f"batch_size {batch_size} is larger than the {self._length()} items in the "

@@ -78,6 +78,22 @@ class Storage(Dataset[Any]):
     Args:
         max_size: capacity in items.
         device: where the data lives (``None`` for CPU).
+
+    **For implementers.** Besides the private write hooks (``_allocate``, ``_write``,
+    ``_write_one``, ``_get``), a storage implements the calls that the buffer, the writers
+    and the SB3 adapter make on their hot paths. They skip the public surface's checks, so
+    their callers pass in-range, normalised arguments:
+
+    * :meth:`gather` (abstract): the items at in-range slots as one batch; every batched
+      read (``__getitems__``, ``ReplayBuffer.sample``) ends here.
+    * :meth:`add_fast` and :meth:`extend_fast`: the per-step write of a ring writer, which
+      may decline (``False`` / ``None``) and leave the item to :meth:`prepare` and
+      :meth:`commit`. The defaults always decline.
+    * :meth:`write_row` and :meth:`write_rows`: leaves already checked and converted
+      (numpy rows of the layout's dtypes) written at a slot or at ring slots; the SB3
+      adapter writes its steps with them. The defaults decline (``False``).
+
+    These are called directly, without a wrapper, so an override is the fast path itself.
     """
 
     #: Set by ``close()`` of storages that can be closed; every public method then raises.
@@ -181,9 +197,9 @@ class Storage(Dataset[Any]):
         self._check_open()
         if type(indices) is IndexBatch:
             idx = as_index_tensor(indices.tensor, len(self))
-            batch = self._gather(idx, {"index": idx, **indices.extras})
+            batch = self.gather(idx, {"index": idx, **indices.extras})
         else:
-            batch = self._gather(as_index_tensor(indices, len(self)), None)
+            batch = self.gather(as_index_tensor(indices, len(self)), None)
         if feeds_default_collate(sys._getframe(1)):
             mark_for_default_collate(batch)
         return batch
@@ -337,7 +353,12 @@ class Storage(Dataset[Any]):
     def _write_one(self, index: int, payload: list[Any]) -> None:
         """Write one validated item to slot ``index``."""
 
-    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+    @abstractmethod
+    def _get(self, index: int) -> Any:
+        """Return the item at in-range ``index``."""
+
+    # --- for implementers: the hot-path calls of buffers, writers and the SB3 adapter -----
+    def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """The per-step path of writers: write one item at ``slot`` (in ``[0, capacity)``).
 
         Storages with numpy views of their buffers take an item whose leaves already match
@@ -349,18 +370,39 @@ class Storage(Dataset[Any]):
         del slot, item, check
         return False
 
-    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
-        """:meth:`_add_fast` for a batch written at ring slots ``start, start + 1, ...``.
+    def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """:meth:`add_fast` for a batch written at ring slots ``start, start + 1, ...``.
 
         Returns the slots written (a ``LongTensor``), or ``None``: nothing was done.
         """
         del start, data, check
         return None
 
-    @abstractmethod
-    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
-        """Return the items at in-range ``idx`` as one batch (and ``extra`` if dict-like)."""
+    def write_row(self, slot: int, values: list[Any]) -> bool:
+        """Write one checked item at ``slot`` (in ``[0, capacity)``), one value per leaf.
+
+        ``values``: one value per leaf in layout order that a numpy row assignment stores
+        exactly (see ``rbdata/storages/_unpack.py``). ``False``: nothing was written (the
+        default; a storage without numpy views of its memory always says so).
+        """
+        del slot, values
+        return False
+
+    def write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """Write ``n`` checked rows per leaf at the ring slots ``start, start + 1, ...``.
+
+        ``values``: one numpy array (or tensor view) per leaf in layout order, of the leaf's
+        dtype and shape ``[n, *item_shape]``; ``n`` at most the capacity. ``False``: nothing
+        was written (the default).
+        """
+        del start, n, values
+        return False
 
     @abstractmethod
-    def _get(self, index: int) -> Any:
-        """Return the item at in-range ``index``."""
+    def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """Return the items at in-range ``idx`` (a ``LongTensor``) as one batch.
+
+        ``extra``: per-item tensors (``"index"``, a sampler's ``"weight"``) that
+        TensorDict batches carry as entries; other batches ignore it. The caller has checked
+        ``idx`` against ``len``.
+        """

@@ -147,7 +147,8 @@ class ListStorage(Storage):
     def _write_one(self, index: int, payload: list[Any]) -> None:
         self._put([index], self._rows(payload, 1, batched=False))
 
-    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+    def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """The objects at ``idx``: a list, or a stacked batch if the items have a layout."""
         rows = [self._items[i] for i in idx.tolist()]
         layout = self._layout
         if layout is None:

@@ -81,7 +81,7 @@ class TensorStorage(Storage):
         self._guard: _memory.Guard = ()
         # the file mappings under the buffers, for storages that map files (torch follows them)
         self._mapped: list[_memory.Mapping | None] | None = None
-        self._unpacker: ItemUnpacker | None = None  # see _add_fast
+        self._unpacker: ItemUnpacker | None = None  # see add_fast
         self._unpack: Callable[[Any], list[Any] | None] | None = None
         self._plain = False
 
@@ -206,7 +206,7 @@ class TensorStorage(Storage):
         for buf, t in zip(buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
 
-    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+    def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One item through numpy row writes, if its leaves match the layout exactly."""
         unpack = self._unpack
         if unpack is None or self._shared or self._closed:
@@ -216,10 +216,10 @@ class TensorStorage(Storage):
             return False
         if check is not None:
             check(slot, item)
-        return self._write_row(slot, values)  # True: an unpacker implies numpy buffers
+        return self.write_row(slot, values)  # True: an unpacker implies numpy buffers
 
-    def _write_row(self, slot: int, values: list[Any]) -> bool:
-        """Write one checked item at ``slot``: :meth:`_write_rows` of one row per leaf.
+    def write_row(self, slot: int, values: list[Any]) -> bool:
+        """Write one checked item at ``slot``: :meth:`write_rows` of one row per leaf.
 
         ``values``: one value per leaf in layout order that a numpy row assignment stores
         exactly (see ``rbdata/storages/_unpack.py``). ``False``: nothing written.
@@ -273,15 +273,15 @@ class TensorStorage(Storage):
             arr[: end - cap] = value[k:]
         return cap
 
-    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+    def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
         """A batch through numpy slice writes, if its leaves match the layout exactly."""
         got = self._unpack_batch(start, data, check)
         if got is None:
             return None
         values, n, index = got
-        return index if self._write_rows(start, n, values) else None  # an unpacker: written
+        return index if self.write_rows(start, n, values) else None  # an unpacker: written
 
-    def _write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+    def write_rows(self, start: int, n: int, values: list[Any]) -> bool:
         """Write ``n`` checked rows per leaf at the ring slots from ``start``.
 
         ``values``: one numpy array (or tensor view) per leaf in layout order, of the leaf's
@@ -306,7 +306,8 @@ class TensorStorage(Storage):
         for buf, t in zip(self._tensors(), payload, strict=True):
             buf[index] = t
 
-    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+    def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """The items at ``idx``: one ``index_select`` per leaf on the storage's device."""
         if self._plain:  # plain-tensor items: one gather, nothing to assemble
             return self._rows(idx.to(self._device, non_blocking=idx.is_cpu))[0]
         layout = self._layout

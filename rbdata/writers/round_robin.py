@@ -60,7 +60,7 @@ class RoundRobinWriter(Writer):
         slot = self._cursor
         if slot is None and not storage.shared:  # shared: read under the lock (below)
             slot = self._start(storage)
-        if slot is not None and storage._add_fast(slot, item, check):  # the per-step path
+        if slot is not None and storage.add_fast(slot, item, check):  # the per-step path
             nxt = slot + 1
             self._cursor = nxt if nxt < storage.capacity else 0
             return slot
@@ -89,7 +89,7 @@ class RoundRobinWriter(Writer):
         if start is None and not storage.shared:  # shared: read under the lock (below)
             start = self._start(storage)
         if start is not None:  # small batches: the per-step path (never for a shared storage)
-            index = storage._extend_fast(start, data, check)
+            index = storage.extend_fast(start, data, check)
             if index is not None:
                 self._cursor = (start + index.shape[0]) % storage.capacity
                 return index

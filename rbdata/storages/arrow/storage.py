@@ -503,7 +503,8 @@ class ArrowStorage(Storage):
                 return torch.from_numpy(view)
         return self._variable_rows(c, self._variable.index(pos), np.arange(rows))
 
-    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+    def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """The items at ``idx``: the fixed-shape leaves copied by one kernel over the chunks."""
         self._check_open()  # the chunks are unmapped: the gather kernel would read address 0
         layout = self._layout
         if layout is None:
@@ -534,7 +535,7 @@ class ArrowStorage(Storage):
         return layout.assemble(outputs, torch.Size((n,)), self.device, extra)
 
     def _get(self, index: int) -> Any:
-        batch = self._gather(torch.tensor([index]), None)
+        batch = self.gather(torch.tensor([index]), None)
         layout = self._layout
         assert layout is not None
         if layout.kind == TENSOR:

@@ -121,7 +121,7 @@ class MemmapStorage(TensorStorage):
         >>> storage.close()
     """
 
-    _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
+    _row: PackedRow | None = None  # the packed per-step add of a small layout (see add_fast)
     _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
     _own = 0  # items this process committed through commit (see own_writes)
@@ -531,15 +531,15 @@ class MemmapStorage(TensorStorage):
         rows = self._rows(torch.tensor([index]))  # a consistent copy, not a view
         return layout.assemble([t[0] for t in rows], torch.Size(), self.device)
 
-    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
-        """:meth:`TensorStorage._add_fast`; a small layout's item packed and written at once.
+    def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """:meth:`TensorStorage.add_fast`; a small layout's item packed and written at once.
 
         See ``rbdata/storages/_packed.py``: one ``struct`` call and one kernel instead of a
         numpy assignment per leaf, twice (journal and file) for an overwrite.
         """
         row = self._row
         if row is None or self._shared or self._closed:
-            return super()._add_fast(slot, item, check)
+            return super().add_fast(slot, item, check)
         flat = row.read(item)
         if flat is None or not 0 <= slot < self._capacity:
             return False
@@ -553,8 +553,8 @@ class MemmapStorage(TensorStorage):
         self._last_write = (before, before + 1)
         return True
 
-    def _write_row(self, slot: int, values: list[Any]) -> bool:
-        """:meth:`TensorStorage._write_row`, crash-atomic (journaled over a live slot)."""
+    def write_row(self, slot: int, values: list[Any]) -> bool:
+        """:meth:`TensorStorage.write_row`, crash-atomic (journaled over a live slot)."""
         arrays = self._views()
         if self._shared or arrays is None or self._closed:
             return False
@@ -580,8 +580,8 @@ class MemmapStorage(TensorStorage):
         self._last_write = (before, before + 1)
         return True
 
-    def _write_rows(self, start: int, n: int, values: list[Any]) -> bool:
-        """:meth:`TensorStorage._write_rows`, crash-atomic (journaled over live slots)."""
+    def write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """:meth:`TensorStorage.write_rows`, crash-atomic (journaled over live slots)."""
         if self._shared or self._np_buffers is None or self._closed:
             return False
         header, cap = self._header, self._capacity
