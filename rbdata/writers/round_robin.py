@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from rbdata._index import ring_runs
@@ -36,6 +37,8 @@ class RoundRobinWriter(Writer):
 
     def __init__(self) -> None:
         self._cursor: int | None = None
+        #: a loaded cursor not yet checked against a storage's capacity (see _check_loaded)
+        self._loaded = False
 
     @property
     def cursor(self) -> int | None:
@@ -57,6 +60,8 @@ class RoundRobinWriter(Writer):
 
         ``check(slot, item)``, if given, runs after validation and before the write.
         """
+        if self._loaded:
+            self._check_loaded(storage)
         slot = self._cursor
         if slot is None and not storage.shared:  # shared: read under the lock (below)
             slot = self._start(storage)
@@ -85,6 +90,8 @@ class RoundRobinWriter(Writer):
 
         ``check(slots, data)``, if given, runs after validation and before the write.
         """
+        if self._loaded:
+            self._check_loaded(storage)
         start = self._cursor
         if start is None and not storage.shared:  # shared: read under the lock (below)
             start = self._start(storage)
@@ -132,6 +139,28 @@ class RoundRobinWriter(Writer):
         return {"cursor": self._cursor}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore the cursor."""
+        """Restore the cursor: ``None`` or an int ``>= 0``.
+
+        The cursor is checked against the storage's capacity at the next write.
+
+        Raises:
+            ValueError: for a cursor that is not ``None`` or an integer ``>= 0``.
+        """
         cursor = state["cursor"]
+        if cursor is not None:
+            if isinstance(cursor, bool) or not isinstance(cursor, (int, np.integer)):
+                raise ValueError(f"state: cursor must be None or an int, got {cursor!r}")
+            if cursor < 0:
+                raise ValueError(f"state: cursor must be >= 0, got {cursor}")
         self._cursor = None if cursor is None else int(cursor)
+        self._loaded = self._cursor is not None
+
+    def _check_loaded(self, storage: Storage) -> None:
+        """Refuse a loaded cursor past ``storage``'s slots (before anything is written)."""
+        cursor = self._cursor
+        if cursor is not None and cursor >= storage.capacity:
+            raise ValueError(
+                f"cursor: the writer's state says slot {cursor}, but the storage has "
+                f"{storage.capacity} slots; load a state that belongs to this storage"
+            )
+        self._loaded = False
