@@ -185,7 +185,7 @@ class Storage(Dataset[Any]):
         else:
             batch = self._gather(as_index_tensor(indices, len(self)), None)
         if feeds_default_collate(sys._getframe(1)):
-            mark_for_default_collate(batch)
+            return mark_for_default_collate(batch)
         return batch
 
     def set(self, index: WriteIndex, data: Any) -> None:
