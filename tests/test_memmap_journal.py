@@ -1,7 +1,7 @@
 """The redo journal of a MemmapStorage (``journal.bin``): a committed transaction left by a
-writer that died is replayed at open (its commit word a CRC-32, or the word sum of a journal
-written before the CRC), a corrupt one is a ``ValueError`` naming the journal, and the
-per-step paths (``add``, small ``extend``) finish such a transaction before writing their own.
+writer that died is replayed at open (its commit word a CRC-32), a corrupt one or one of the
+unreleased 0.1.0 format is a ``ValueError`` naming the journal, and the per-step paths
+(``add``, small ``extend``) finish such a transaction before writing their own.
 
 The transactions are laid out here through the journal's own API, as a writer killed between
 its commit and its clear leaves them; ``tests/test_memmap_kill.py`` kills real writers.
@@ -52,8 +52,8 @@ def full_ring(root: Path) -> list[int]:
 def leave_committed(root: Path, slot: int, k: int, legacy: bool = False) -> None:
     """Commit a one-item transaction (item ``k`` at ``slot``) and leave it, as a killed writer.
 
-    ``legacy``: the format of a journal from before the CRC (magic ``RBDJRN01``, the commit
-    word the sum of the words mod 2**62, bit 62 set), computed here independently.
+    ``legacy``: the format of the unreleased 0.1.0 (magic ``RBDJRN01``, the commit word the
+    sum of the words mod 2**62, bit 62 set), which is refused.
     """
     storage = MemmapStorage.open(root)
     layout, length = storage.layout, len(storage)
@@ -79,17 +79,16 @@ def magic(root: Path) -> bytes:
     return (root / JOURNAL).read_bytes()[:8]
 
 
-@pytest.mark.parametrize("legacy", [False, True])
-def test_a_committed_transaction_is_replayed_at_open(tmp_path: Path, legacy: bool) -> None:
+def test_a_committed_transaction_is_replayed_at_open(tmp_path: Path) -> None:
     root = tmp_path / "st"
     before = full_ring(root)
-    leave_committed(root, 3, 100, legacy=legacy)
+    leave_committed(root, 3, 100)
     storage = MemmapStorage.open(root)
     expected = before.copy()
     expected[3] = 100
     assert ids_of(storage) == expected
     assert storage.next_slot == 4
-    # the journal is empty again; the next overwrite writes the current format
+    # the journal is empty again; the next overwrite goes through it
     ReplayBuffer(storage).add(item(200))
     storage.close()
     assert magic(root) == b"RBDJRN02"
@@ -108,12 +107,11 @@ def test_the_commit_word_is_a_crc_of_the_transaction(tmp_path: Path) -> None:
     assert commit == zlib.crc32(data[16:stop]) | 2**62
 
 
-@pytest.mark.parametrize("legacy", [False, True])
 @pytest.mark.parametrize("where", ["payload", "slot", "length"])
-def test_a_corrupt_committed_journal_is_refused(tmp_path: Path, legacy: bool, where: str) -> None:
+def test_a_corrupt_committed_journal_is_refused(tmp_path: Path, where: str) -> None:
     root = tmp_path / "st"
     before = full_ring(root)
-    leave_committed(root, 3, 100, legacy=legacy)
+    leave_committed(root, 3, 100)
     data = bytearray((root / JOURNAL).read_bytes())
     payload = struct.unpack("=q", data[56:64])[0]
     offset = {"payload": 64 + 1, "slot": 64 + payload, "length": 40}[where]
@@ -125,6 +123,43 @@ def test_a_corrupt_committed_journal_is_refused(tmp_path: Path, legacy: bool, wh
     # nothing was applied: the files still hold the items as they were
     (root / JOURNAL).unlink()
     assert ids_of(MemmapStorage.open(root)) == before
+
+
+@pytest.mark.parametrize("committed", [True, False])
+@pytest.mark.parametrize("copy_on_write", [False, True])
+def test_a_journal_of_the_unreleased_format_is_refused(
+    tmp_path: Path, committed: bool, copy_on_write: bool
+) -> None:
+    root = tmp_path / "st"
+    before = full_ring(root)
+    leave_committed(root, 3, 100, legacy=True)
+    if not committed:
+        data = bytearray((root / JOURNAL).read_bytes())
+        data[8:16] = bytes(8)
+        (root / JOURNAL).write_bytes(bytes(data))
+    files = {p.name: p.read_bytes() for p in root.iterdir()}
+    with pytest.raises(
+        ValueError, match=r"journal\.bin: a journal of the unreleased rbdata 0\.1\.0"
+    ):
+        MemmapStorage.open(root, copy_on_write=copy_on_write)
+    assert {p.name: p.read_bytes() for p in root.iterdir()} == files  # nothing changed
+    (root / JOURNAL).unlink()
+    assert ids_of(MemmapStorage.open(root)) == before
+
+
+def test_a_journal_created_but_killed_before_its_magic_is_empty(tmp_path: Path) -> None:
+    root = tmp_path / "st"
+    before = full_ring(root)
+    data = bytearray((root / JOURNAL).read_bytes())
+    data[:16] = bytes(16)  # no magic, no commit word: the file was sized, then the writer died
+    (root / JOURNAL).write_bytes(bytes(data))
+    assert ids_of(MemmapStorage.open(root, copy_on_write=True)) == before
+    storage = MemmapStorage.open(root)
+    assert ids_of(storage) == before
+    ReplayBuffer(storage).add(item(200))
+    storage.close()
+    assert magic(root) == b"RBDJRN02"
+    assert ids_of(MemmapStorage.open(root))[1] == 200
 
 
 @pytest.mark.parametrize("form", ["add", "extend"])

@@ -20,12 +20,9 @@ from tensordict import TensorDict
 
 from rbdata import ReplayBuffer, TensorStorage
 from rbdata._layout import Layout
-from rbdata._numba import HAS_NUMBA
 from rbdata.storages import MemmapStorage
 from rbdata.storages.memmap._journal import _decode_header
 from rbdata.storages.memmap._packed import crc32, packable
-
-pytestmark = pytest.mark.skipif(not HAS_NUMBA, reason="the packed path needs numba")
 
 CAP = 8
 

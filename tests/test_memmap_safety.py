@@ -113,18 +113,11 @@ def test_symlinked_storage_directory_is_refused(tmp_path: Path) -> None:
     ("length", "nxt", "field"),
     [(6, 100, "next"), (6, -3, "next"), (9, 1, "length"), (-1, 0, "length"), (3, 5, "next")],
 )
-@pytest.mark.parametrize("fmt", ["legacy", "current"])
-def test_header_fields_are_range_checked(
-    tmp_path: Path, length: int, nxt: int, field: str, fmt: str
-) -> None:
-    root = six_of_eight(tmp_path / "st")
-    if fmt == "legacy":  # what older rbdata wrote: length, next, zeros
-        data = struct.pack("=8q", length, nxt, 0, 0, 0, 0, 0, 0)
-    else:
-        from rbdata.storages.memmap._journal import encode_header
+def test_header_fields_are_range_checked(tmp_path: Path, length: int, nxt: int, field: str) -> None:
+    from rbdata.storages.memmap._journal import encode_header
 
-        data = encode_header(length, nxt)
-    (root / "header.bin").write_bytes(data)
+    root = six_of_eight(tmp_path / "st")
+    (root / "header.bin").write_bytes(encode_header(length, nxt))
     with pytest.raises(
         ValueError, match=rf"header\.bin: field '{field}' is {nxt if field == 'next' else length}"
     ):
@@ -141,16 +134,14 @@ def test_corrupt_header_checksum_is_refused(tmp_path: Path) -> None:
         MemmapStorage.open(root)
 
 
-def test_legacy_header_still_opens_and_continues(tmp_path: Path) -> None:
+@pytest.mark.parametrize("copy_on_write", [False, True])
+def test_header_of_the_unreleased_format_is_refused(tmp_path: Path, copy_on_write: bool) -> None:
     root = six_of_eight(tmp_path / "st")
-    (root / "header.bin").write_bytes(struct.pack("=8q", 6, 6, 0, 0, 0, 0, 0, 0))
-    storage = MemmapStorage.open(root)
-    assert (len(storage), storage.next_slot) == (6, 6)
-    rb = ReplayBuffer(storage)
-    rb.extend(batch(4, 6))  # wraps over items 0, 1
-    assert ids_of(storage) == [8, 9, 2, 3, 4, 5, 6, 7]
-    storage.close()
-    assert ids_of(MemmapStorage.open(root)) == [8, 9, 2, 3, 4, 5, 6, 7]
+    legacy = struct.pack("=8q", 6, 6, 0, 0, 0, 0, 0, 0)  # 0.1.0: length, next, zeros
+    (root / "header.bin").write_bytes(legacy)
+    with pytest.raises(ValueError, match=r"header\.bin: no magic 'RBDHDR02'.*0\.1\.0"):
+        MemmapStorage.open(root, copy_on_write=copy_on_write)
+    assert (root / "header.bin").read_bytes() == legacy  # left as it was
 
 
 # --- 15: layout.json validated up front --------------------------------------------------------

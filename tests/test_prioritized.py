@@ -9,16 +9,20 @@ from contracts import transitions
 from torch.utils.data import DataLoader
 
 from rbdata import BatchSampler, PrioritizedSampler, ReplayBuffer, TensorStorage
-from rbdata.samplers import _sumtree
 from rbdata.samplers import prioritized as prioritized_module
 
 
 @pytest.fixture(autouse=True, params=["numba", "torch"])
 def tree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on the numba kernels and on the torch reference functions."""
+    """Every test runs on the numba kernels and on the device path's torch kernels.
+
+    The device path (forced onto CPU trees) reports a refused call's error at a later call
+    or at ``check_errors``, which does nothing on CPU trees (their calls raise).
+    """
     if request.param == "torch":
-        monkeypatch.setattr(_sumtree, "HAS_NUMBA", False)  # CPU trees without numba:
-        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")  # the reference
+        # the device path on CPU trees, with the torch reference kernels
+        monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")
     return str(request.param)
 
 
@@ -76,6 +80,7 @@ def test_zero_priority_is_never_sampled_with_eps_zero() -> None:
     rb.update_priority([1, 3], 0.0)
     with pytest.raises(ValueError, match="every priority in the buffer is zero"):
         rb.sample(4)
+        rb.sampler.check_errors()  # type: ignore[attr-defined]  # where device trees report
 
 
 def test_new_items_get_the_highest_priority_seen() -> None:
@@ -169,6 +174,7 @@ def test_bad_update_leaves_the_tree_unchanged(
             rb.update_priority(torch.tensor(index), torch.tensor(priority, dtype=torch.float32))
         else:
             rb.update_priority(index, priority)
+        sampler.check_errors()  # device trees report a refusal here; CPU ones raise above
     after = sampler.state_dict()
     assert torch.equal(before["sum_tree"], after["sum_tree"])
     assert torch.equal(before["min_tree"], after["min_tree"])
@@ -222,7 +228,8 @@ def test_torch_reference_path_draws_the_same(
         return batch["index"].tolist(), batch["weight"]
 
     fast = run()
-    monkeypatch.setattr(_sumtree, "HAS_NUMBA", False)
+    monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+    monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")
     slow = run()
     assert fast[0] == slow[0]
     torch.testing.assert_close(fast[1], slow[1])

@@ -32,10 +32,15 @@ def assert_same_trees(before: tuple[Any, ...], sampler: PrioritizedSampler) -> N
 
 @pytest.fixture(params=["numba", "torch"])
 def tree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run on the numba kernels and on the torch reference path (set before construction)."""
+    """Run on the numba kernels and on the device path's torch kernels (set before construction).
+
+    The device path (forced onto CPU trees) reports a refused call's error at a later call
+    or at ``check_errors``, which does nothing on CPU trees (their calls raise).
+    """
     if request.param == "torch":
-        monkeypatch.setattr(_sumtree, "HAS_NUMBA", False)  # CPU trees without numba:
-        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")  # the reference
+        # the device path on CPU trees, with the torch reference kernels
+        monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")
     return str(request.param)
 
 
@@ -134,6 +139,7 @@ def test_priority_whose_value_overflows_the_tree_is_refused(
             sampler.update_priority(torch.tensor(index), torch.tensor(values, dtype=torch.float64))
         else:
             sampler.update_priority(index, values)
+        sampler.check_errors()  # device trees report a refusal here; CPU ones raise above
     assert_same_trees(before, sampler)
     # what fits is still accepted: 1e300 ** 0.6 = 1e180 in a float64 tree
     wide = PrioritizedSampler(16, 0.6, 0.4, dtype=torch.float64, data_source=range(10))
@@ -147,10 +153,13 @@ def test_total_overflow_is_undone_exactly_with_duplicates(tree_path: str) -> Non
     before = tree_state(sampler)
     with pytest.raises(ValueError, match="total overflow"):
         sampler.update_priority([2, 2, 5, 2], [1e38, 3e38, 3e38, 0.5])
+        sampler.check_errors()  # device trees report a refusal here; CPU ones raise above
     assert_same_trees(before, sampler)
 
 
-def test_default_priority_of_new_items_never_overflows(tree_path: str) -> None:
+def test_default_priority_of_new_items_never_overflows() -> None:
+    # CPU trees refuse the write itself; device trees write the items and refuse their
+    # priorities on the device (test_prioritized_device.py: overflowing new items)
     storage = TensorStorage(32)
     sampler = PrioritizedSampler(32, 1.0, 0.4)
     rb = ReplayBuffer(storage, sampler)

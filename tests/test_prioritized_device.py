@@ -28,7 +28,6 @@ from rbdata.samplers._cpu_trees import CpuTrees
 from rbdata.samplers._device_trees import DeviceTrees, triton_ready
 
 CUDA = torch.cuda.is_available()
-needs_numba = pytest.mark.skipif(not _sumtree.HAS_NUMBA, reason="numba is not installed")
 
 
 KERNELS = ["triton", "torch"]
@@ -127,7 +126,6 @@ def targets_for(sum_tree: torch.Tensor, n: int, seed: int) -> torch.Tensor:
 CAPACITIES = [1, 2, 7, 8, 9, 63, 64, 65, 513, 4097]
 
 
-@needs_numba
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("capacity", CAPACITIES)
 def test_batched_tree_ops_match_the_numba_kernels_bit_for_bit(
@@ -150,7 +148,6 @@ def test_batched_tree_ops_match_the_numba_kernels_bit_for_bit(
             torch.testing.assert_close(got[1], want[1], rtol=2.0**-23, atol=0.0)
 
 
-@needs_numba
 def test_all_zero_tree_descends_to_slot_0_like_the_kernel() -> None:
     tree, mins = trees(100, torch.float32)
     targets = torch.tensor([0.0, 0.5, 3.0], dtype=torch.float64)
@@ -492,7 +489,6 @@ def test_device_path_through_replay_buffer_and_dataloader(kind: str) -> None:
 # --- CUDA ---------------------------------------------------------------------------------------
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64], ids=["f32", "f64"])
 @pytest.mark.parametrize("capacity", [9, 4097, 100_003])
-@needs_numba
 @pytest.mark.cuda
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_cuda_tree_ops_match_the_numba_kernels(capacity: int, dtype: torch.dtype) -> None:

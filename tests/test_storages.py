@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+import textwrap
 from typing import Any
 
 import pytest
@@ -90,7 +93,28 @@ def test_default_collate_still_stacks_lists_of_tensors() -> None:
     rows = [torch.tensor([1.0, 2.0]), torch.tensor([3.0, 4.0])]
     torch.testing.assert_close(default_collate(rows), torch.stack(rows))
     gathered = torch.arange(6.0).view(3, 2)
-    assert default_collate(gathered) is gathered  # a gathered batch passes through
+    marked = _collate.mark_for_default_collate(gathered)
+    assert default_collate(marked) is gathered  # a gathered batch passes through
+
+
+def test_import_leaves_torch_collate_entries_alone() -> None:
+    # a fresh interpreter: torch's entries for torch's own types, before and after the import
+    code = textwrap.dedent(
+        """
+        from torch.utils.data._utils.collate import default_collate_fn_map as m
+        torch_entries = dict(m)
+        import tensordict  # registers entries for its own types
+        before = dict(m)
+        import rbdata
+        from rbdata.storages import _collate
+        assert {k: m[k] for k in torch_entries} == torch_entries, "torch's entry replaced"
+        assert {k: m[k] for k in before} == before, "an entry was replaced"
+        assert list(m)[: len(before)] == list(before), "entries were reordered"
+        added = [k for k in m if k not in before]
+        assert added == [_collate._FirstOfGathered], added
+        """
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
 
 
 def _loader_batches(storage: Storage, **kwargs: Any) -> list[Any]:
@@ -128,20 +152,39 @@ def test_default_collate_returns_the_gathered_batch_without_indexing_it(
         assert (a == want).all() and (b == want).all()
 
 
-def test_a_marked_batch_indexed_by_anything_else_is_a_plain_tensordict() -> None:
+def test_a_marked_batch_indexed_by_anything_else_reads_the_batch() -> None:
     storage = TensorStorage(6)
     storage.set(slice(0, 6), transitions(6))
+    batch = storage[[5, 4, 3]]
+    marked = _collate.mark_for_default_collate(batch)
+    assert type(marked) is not TensorDict and len(marked) == 3
     for index, ids in ((1, 4), (slice(0, 2), [5, 4]), ("id", [5, 4, 3])):
-        batch = _collate.mark_for_default_collate(storage[[5, 4, 3]])
-        assert type(batch) is not TensorDict
-        got = batch[index]
-        assert type(batch) is TensorDict
+        got = marked[index]
         got_ids = got if isinstance(got, torch.Tensor) else got["id"]
         assert got_ids.tolist() == ids
-    # default_collate called on a marked batch directly returns it, plain
-    batch = _collate.mark_for_default_collate(storage[[2, 0]])
-    out = default_collate(batch)
-    assert out is batch and type(out) is TensorDict and out["id"].tolist() == [2, 0]
+    # default_collate called on a marked batch directly returns the batch, plain
+    out = default_collate(_collate.mark_for_default_collate(batch))
+    assert out is batch and type(out) is TensorDict and out["id"].tolist() == [5, 4, 3]
+
+
+@pytest.mark.parametrize("num_workers", [0, 2])
+def test_default_collate_returns_what_an_indexed_read_returns(num_workers: int) -> None:
+    # whatever __getitems__ gathered comes back once, never collated a second time
+    storage = ListStorage(6)
+    items = [[1, 2], [3, 4], [5, 6], [7, 8]]  # default_collate transposes a batch of lists
+    storage.set(slice(0, 4), items)
+    sampler = BatchSampler([2, 0, 3, 1], 2, drop_last=False)
+    loader = DataLoader(storage, batch_sampler=sampler, num_workers=num_workers)
+    for got, idx in zip(loader, ([2, 0], [3, 1]), strict=True):
+        want = storage[idx]
+        assert type(got) is type(want) and len(got) == len(want) == 2
+        for a, b in zip(got, want, strict=True):
+            assert torch.equal(a, b)
+    tensors = TensorStorage(6)
+    tensors.set(slice(0, 6), torch.arange(12.0).view(6, 2))
+    got = list(DataLoader(tensors, batch_sampler=[[4, 1], [0]], num_workers=num_workers))
+    assert [type(b) for b in got] == [torch.Tensor, torch.Tensor]
+    assert torch.equal(got[0], tensors[[4, 1]]) and torch.equal(got[1], tensors[[0]])
 
 
 def test_list_storage_batch_of_mixed_objects_comes_back_as_a_list() -> None:

@@ -155,8 +155,6 @@ def test_cuda_tree_matches_cpu() -> None:
 def test_fused_kernels_match_the_reference(
     case: tuple, alpha: float, eps: float, fractions: list[float], dtype: torch.dtype
 ) -> None:
-    if not _sumtree.HAS_NUMBA:
-        pytest.skip("numba is not installed")
     capacity, ops = case
 
     def trees() -> tuple[torch.Tensor, torch.Tensor]:

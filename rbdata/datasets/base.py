@@ -147,7 +147,7 @@ class OfflineDataset(Dataset[Any]):
         """The items at ``indices`` as one batch, gathered in one read (see storages)."""
         batch = self.buffer.storage.__getitems__(indices)
         if feeds_default_collate(sys._getframe(1)):
-            mark_for_default_collate(batch)
+            return mark_for_default_collate(batch)
         return batch
 
     # --- buffer ------------------------------------------------------------------------------

@@ -26,7 +26,7 @@ import torch
 
 from rbdata.samplers import _sumtree, _torch_tree
 from rbdata.samplers._priority_input import device_index_and_priority
-from rbdata.samplers._trees import TreeSpec, check_new_total, interpreting, refusal
+from rbdata.samplers._trees import TreeSpec, interpreting, refusal
 
 __all__ = ["DeviceTrees", "triton_ready"]
 
@@ -66,8 +66,6 @@ class DeviceTrees:
             where :func:`triton_ready`, else torch.
         sum_tree: the sum tree to adopt, on ``device`` (default: a new empty one).
         min_tree: its block-min tree (with ``sum_tree``).
-        immediate: raise a refused call's error from the call itself (waits for the device:
-            for CPU trees without numba, where waiting costs nothing).
     """
 
     def __init__(
@@ -78,11 +76,9 @@ class DeviceTrees:
         kernels: str | None = None,
         sum_tree: torch.Tensor | None = None,
         min_tree: torch.Tensor | None = None,
-        immediate: bool = False,
     ) -> None:
         self.spec = spec
         self.device = device
-        self.immediate = immediate
         if sum_tree is None or min_tree is None:
             sum_tree = _sumtree.new_tree(spec.capacity, "sum", spec.dtype, device)
             min_tree = _sumtree.new_block_min_tree(spec.capacity, spec.dtype, device)
@@ -162,14 +158,11 @@ class DeviceTrees:
             self._flush()
 
     def check_new(self, index: int | torch.Tensor, priority: float | None) -> None:
-        """Refuse new items that overflow the total (``immediate`` mode only).
+        """Nothing to check now (no host wait).
 
-        Otherwise the new total is checked on the device when the items are applied (and
-        refused there, reported by a later call).
+        The new total is checked on the device when the items are applied (and refused
+        there, reported by a later call).
         """
-        if self.immediate:
-            p = self.max_priority if priority is None else priority
-            check_new_total(self.spec, self.sum_tree, self.total(), index, p)
 
     def _flush(self) -> None:
         """Give the queued new items their priority, in one batched update."""
@@ -212,10 +205,8 @@ class DeviceTrees:
         self._mirror()
 
     def _mirror(self) -> None:
-        """Refresh the record's host copy (no wait); in ``immediate`` mode, raise it now."""
+        """Refresh the record's host copy (no wait)."""
         self._err_host.copy_(self._err, non_blocking=True)
-        if self.immediate:
-            self.check_errors()
 
     def _update_torch(self, idx: torch.Tensor, prio: torch.Tensor, filled: int) -> None:
         """The reference of the fused update: the same checks and record, in torch ops."""

@@ -9,15 +9,11 @@ from __future__ import annotations
 
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 
-from rbdata._numba import HAS_NUMBA
-
 __all__ = ["draw", "draw_reference", "segments", "segments_reference"]
-
-if HAS_NUMBA:
-    import numba
 
 
 def segments_reference(
@@ -48,40 +44,36 @@ def segments_reference(
     return cumsum, starts - (cumsum - counts), stops
 
 
-if HAS_NUMBA:
-
-    @numba.njit(cache=True, nogil=True)
-    def _nb_segments(
-        ends: Any, time: int, capacity: int, length: int, strict: bool
-    ) -> tuple[Any, Any, Any]:  # pragma: no cover
-        oldest = max(0, time - capacity)
-        k = np.searchsorted(ends, time - 1)  # ends before the newest step start a segment
-        cumsum = np.empty(k + 1, np.int64)
-        shift = np.empty(k + 1, np.int64)
-        stops = np.empty(k + 1, np.int64)
-        total = 0
-        start = oldest
-        for s in range(k + 1):
-            stop = ends[s] + 1 if s < k else time
-            n = stop - start
-            if strict:
-                count = max(0, n - length + 1)
-            else:
-                count = n - length + 1 if n >= length else (1 if n > 0 else 0)
-            total += count
-            cumsum[s] = total
-            shift[s] = start - (total - count)
-            stops[s] = stop
-            start = stop
-        return cumsum, shift, stops
+@numba.njit(cache=True, nogil=True)
+def _nb_segments(
+    ends: Any, time: int, capacity: int, length: int, strict: bool
+) -> tuple[Any, Any, Any]:  # pragma: no cover
+    oldest = max(0, time - capacity)
+    k = np.searchsorted(ends, time - 1)  # ends before the newest step start a segment
+    cumsum = np.empty(k + 1, np.int64)
+    shift = np.empty(k + 1, np.int64)
+    stops = np.empty(k + 1, np.int64)
+    total = 0
+    start = oldest
+    for s in range(k + 1):
+        stop = ends[s] + 1 if s < k else time
+        n = stop - start
+        if strict:
+            count = max(0, n - length + 1)
+        else:
+            count = n - length + 1 if n >= length else (1 if n > 0 else 0)
+        total += count
+        cumsum[s] = total
+        shift[s] = start - (total - count)
+        stops[s] = stop
+        start = stop
+    return cumsum, shift, stops
 
 
 def segments(
     ends: np.ndarray, time: int, capacity: int, length: int, strict: bool
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Like :func:`segments_reference` over a sorted int64 array; one numba pass if it can."""
-    if not HAS_NUMBA:
-        return segments_reference(torch.from_numpy(ends), time, capacity, length, strict)
+    """Like :func:`segments_reference` over a sorted int64 array, in one numba pass."""
     cumsum, shift, stops = _nb_segments(ends, time, capacity, length, strict)
     return torch.from_numpy(cumsum), torch.from_numpy(shift), torch.from_numpy(stops)
 
@@ -107,40 +99,38 @@ def draw_reference(
     return (times + base) % capacity, mask
 
 
-if HAS_NUMBA:
-
-    @numba.njit(cache=True, nogil=True)
-    def _nb_draw(
-        cumsum: Any,
-        shift: Any,
-        stops: Any,
-        r: Any,
-        length: int,
-        base: int,
-        capacity: int,
-        strict: bool,
-        out: Any,
-        mask: Any,
-    ) -> int:  # pragma: no cover
-        # every draw must pick a segment: 0 <= r < cumsum[-1] (else -1 - its position)
-        total = cumsum[cumsum.shape[0] - 1]
-        for i in range(r.shape[0]):
-            if r[i] < 0 or r[i] >= total:
-                return -1 - i
-        k = 0
-        for i in range(r.shape[0]):
-            seg = np.searchsorted(cumsum, r[i], side="right")
-            start = r[i] + shift[seg]
-            last = stops[seg] - 1
-            for j in range(length):
-                t = start + j
-                valid = strict or t <= last
-                if not valid:
-                    t = last
-                mask[k] = valid
-                out[k] = (base + t) % capacity
-                k += 1
-        return 0
+@numba.njit(cache=True, nogil=True)
+def _nb_draw(
+    cumsum: Any,
+    shift: Any,
+    stops: Any,
+    r: Any,
+    length: int,
+    base: int,
+    capacity: int,
+    strict: bool,
+    out: Any,
+    mask: Any,
+) -> int:  # pragma: no cover
+    # every draw must pick a segment: 0 <= r < cumsum[-1] (else -1 - its position)
+    total = cumsum[cumsum.shape[0] - 1]
+    for i in range(r.shape[0]):
+        if r[i] < 0 or r[i] >= total:
+            return -1 - i
+    k = 0
+    for i in range(r.shape[0]):
+        seg = np.searchsorted(cumsum, r[i], side="right")
+        start = r[i] + shift[seg]
+        last = stops[seg] - 1
+        for j in range(length):
+            t = start + j
+            valid = strict or t <= last
+            if not valid:
+                t = last
+            mask[k] = valid
+            out[k] = (base + t) % capacity
+            k += 1
+    return 0
 
 
 def _check_tables(
@@ -169,15 +159,13 @@ def draw(
     capacity: int,
     strict: bool,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Like :func:`draw_reference`; one numba kernel when numba is importable.
+    """Like :func:`draw_reference`, in one numba kernel.
 
     Raises:
         ValueError: for tables of different lengths or a draw outside ``[0, cumsum[-1])``
             (checked before any table is indexed with it).
     """
     _check_tables(cumsum, shift, stops, r)
-    if not HAS_NUMBA:
-        return draw_reference(cumsum, shift, stops, r, length, base, capacity, strict)
     n = r.shape[0] * length
     out = np.empty(n, np.int64)
     mask = np.empty(n, np.bool_)

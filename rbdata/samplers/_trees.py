@@ -207,7 +207,10 @@ class TreeBackend(Protocol):
         """Give the new items at ``index`` ``priority`` (``None``: the highest seen)."""
 
     def check_new(self, index: int | torch.Tensor, priority: float | None) -> None:
-        """Raise ``ValueError`` if new items at ``index`` overflow the total (CPU only)."""
+        """Raise ``ValueError`` if new items at ``index`` overflow the total (CPU trees).
+
+        Device trees check it on the device when the items are applied (no host wait).
+        """
 
     def draw(
         self, batch_size: int, generator: torch.Generator, beta: float, stratified: bool

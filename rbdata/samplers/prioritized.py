@@ -54,11 +54,9 @@ def _make_trees(
 ) -> TreeBackend:
     """The backend for ``device``: numba on CPU (unless forced), device trees elsewhere."""
     sum_tree, min_tree = trees if trees is not None else (None, None)
-    on_cpu = device.type == "cpu" and not _DEVICE_PATH_ON_CPU
-    if on_cpu and _sumtree.HAS_NUMBA:
+    if device.type == "cpu" and not _DEVICE_PATH_ON_CPU:
         return CpuTrees(spec, max_priority, sum_tree, min_tree)
-    # CPU trees without numba: the device code, errors raised by the call itself
-    return DeviceTrees(spec, device, max_priority, _DEVICE_KERNELS, sum_tree, min_tree, on_cpu)
+    return DeviceTrees(spec, device, max_priority, _DEVICE_KERNELS, sum_tree, min_tree)
 
 
 class PrioritizedSampler(Sampler):

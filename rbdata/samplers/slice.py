@@ -20,7 +20,9 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rbdata._layout import Key, flatten, key_name, stack_items
+from rbdata._layout import Key, flatten
+from rbdata._layout_keys import key_name
+from rbdata._layout_values import stack_items
 from rbdata.samplers import _slices
 from rbdata.samplers.base import Sampler, check_bool
 

@@ -19,7 +19,9 @@ import torch
 from torch.utils.data import Dataset
 
 from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capacity, normalize_int
-from rbdata._layout import EMPTY_BATCH, Layout, is_structured, stack_items
+from rbdata._layout import Layout
+from rbdata._layout_keys import is_structured
+from rbdata._layout_values import EMPTY_BATCH, stack_items
 from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
 
 __all__ = ["Prepared", "Storage", "WriteIndex"]
@@ -201,7 +203,7 @@ class Storage(Dataset[Any]):
         else:
             batch = self.gather(as_index_tensor(indices, len(self)), None)
         if feeds_default_collate(sys._getframe(1)):
-            mark_for_default_collate(batch)
+            return mark_for_default_collate(batch)
         return batch
 
     def set(self, index: WriteIndex, data: Any) -> None:

@@ -8,7 +8,8 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from rbdata._layout import Layout, is_structured
+from rbdata._layout import Layout
+from rbdata._layout_keys import is_structured
 from rbdata.storages.base import Prepared, Storage
 
 __all__ = ["ListStorage"]

@@ -13,7 +13,8 @@ from typing import Any
 import torch
 
 from rbdata._index import check_capacity
-from rbdata._layout import Key, Layout, key_name, key_names
+from rbdata._layout import Key, Layout
+from rbdata._layout_keys import key_name, key_names
 from rbdata.storages.base import Prepared, Storage
 from rbdata.writers.base import WriteCheck, Writer
 

@@ -14,16 +14,9 @@ from typing import Any
 import torch
 from tensordict import TensorDictBase
 
-from rbdata._layout import (
-    EMPTY_BATCH,
-    Key,
-    _explain_items,
-    _non_tensor_value,
-    _to_tensor,
-    flatten,
-    key_name,
-    nest,
-)
+from rbdata._layout import Key, flatten, nest
+from rbdata._layout_keys import key_name, non_tensor_value
+from rbdata._layout_values import EMPTY_BATCH, explain_items, to_tensor
 
 __all__ = ["is_item_list", "stack_variable_items"]
 
@@ -56,10 +49,10 @@ def stack_variable_items(items: Sequence[Any], ragged: Collection[Key]) -> dict[
     flats = [flatten(item)[1] for item in items]
     keys = list(flats[0])
     if any(len(flat) != len(keys) or any(k not in flat for k in keys) for flat in flats):
-        _explain_items(flats)  # names the first item and key that differ
+        explain_items(flats)  # names the first item and key that differ
     pairs: list[tuple[Key, Any]] = []
     for key in keys:
-        values = [_non_tensor_value(flat[key]) for flat in flats]
+        values = [non_tensor_value(flat[key]) for flat in flats]
         strings = [isinstance(v, str) for v in values]
         if all(strings):
             pairs.append((key, values))
@@ -72,7 +65,7 @@ def stack_variable_items(items: Sequence[Any], ragged: Collection[Key]) -> dict[
                 f"{first}; a key holds a str in every item or in none"
             )
         name = key_name(key)
-        tensors = [_to_tensor(v, name) for v in values]
+        tensors = [to_tensor(v, name) for v in values]
         if key in ragged:
             pairs.append((key, tensors))  # ragged rows, checked by the layout's split
             continue

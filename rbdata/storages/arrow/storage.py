@@ -53,7 +53,6 @@ own booleans are bit-packed.
 
 from __future__ import annotations
 
-import ctypes
 import json
 import mmap
 import os
@@ -62,13 +61,13 @@ import weakref
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 from tensordict import NonTensorStack
 
 from rbdata._files import check_dir, inside, open_nofollow, storage_dir
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
-from rbdata._numba import HAS_NUMBA
 from rbdata._numba import voidptr as _nb_voidptr
 from rbdata.storages.arrow._checks import (
     TORCH_TO_NUMPY,
@@ -83,9 +82,6 @@ from rbdata.storages.arrow._items import is_item_list, stack_variable_items
 from rbdata.storages.arrow._journal import JOURNAL_FILE, Journal, read_journal
 from rbdata.storages.arrow._lifecycle import flush_when_dropped
 from rbdata.storages.base import Prepared, Storage
-
-if HAS_NUMBA:  # pragma: no branch - numba is a core dependency
-    import numba
 
 __all__ = ["ArrowStorage"]
 
@@ -117,39 +113,38 @@ def _chunk_file(k: int) -> str:
     return f"chunk-{k:06d}.arrow"
 
 
-if HAS_NUMBA:
+@numba.njit(cache=True, nogil=True, inline="always")
+def _nb_copy_rows(
+    src_addresses: Any, chunk_size: int, index: Any, width: int, out_address: int, dtype: Any
+) -> None:  # pragma: no cover
+    # rows of ``width`` elements of ``dtype``: element loops, no per-row slice objects
+    n = index.shape[0]
+    out = numba.carray(_nb_voidptr(out_address), (n * width,), dtype)
+    for i in range(n):
+        k = index[i] // chunk_size
+        row = index[i] - k * chunk_size
+        src = numba.carray(_nb_voidptr(src_addresses[k]), ((row + 1) * width,), dtype)
+        for e in range(width):
+            out[i * width + e] = src[row * width + e]
 
-    @numba.njit(cache=True, nogil=True, inline="always")
-    def _nb_copy_rows(
-        src_addresses: Any, chunk_size: int, index: Any, width: int, out_address: int, dtype: Any
-    ) -> None:  # pragma: no cover
-        # rows of ``width`` elements of ``dtype``: element loops, no per-row slice objects
-        n = index.shape[0]
-        out = numba.carray(_nb_voidptr(out_address), (n * width,), dtype)
-        for i in range(n):
-            k = index[i] // chunk_size
-            row = index[i] - k * chunk_size
-            src = numba.carray(_nb_voidptr(src_addresses[k]), ((row + 1) * width,), dtype)
-            for e in range(width):
-                out[i * width + e] = src[row * width + e]
 
-    @numba.njit(cache=True, nogil=True)
-    def _nb_gather_rows(
-        addresses: Any, chunk_size: int, index: Any, row_bytes: Any, out_addresses: Any
-    ) -> None:  # pragma: no cover
-        # every leaf at once: out[leaf][i] = chunk[leaf][index[i] // chunk_size][row], copied
-        # in the widest unit that divides the row (buffers are at least 8-byte aligned)
-        for leaf in range(addresses.shape[0]):
-            width = row_bytes[leaf]
-            src, out = addresses[leaf], out_addresses[leaf]
-            if width % 8 == 0:
-                _nb_copy_rows(src, chunk_size, index, width // 8, out, np.uint64)
-            elif width % 4 == 0:
-                _nb_copy_rows(src, chunk_size, index, width // 4, out, np.uint32)
-            elif width % 2 == 0:
-                _nb_copy_rows(src, chunk_size, index, width // 2, out, np.uint16)
-            else:
-                _nb_copy_rows(src, chunk_size, index, width, out, np.uint8)
+@numba.njit(cache=True, nogil=True)
+def _nb_gather_rows(
+    addresses: Any, chunk_size: int, index: Any, row_bytes: Any, out_addresses: Any
+) -> None:  # pragma: no cover
+    # every leaf at once: out[leaf][i] = chunk[leaf][index[i] // chunk_size][row], copied
+    # in the widest unit that divides the row (buffers are at least 8-byte aligned)
+    for leaf in range(addresses.shape[0]):
+        width = row_bytes[leaf]
+        src, out = addresses[leaf], out_addresses[leaf]
+        if width % 8 == 0:
+            _nb_copy_rows(src, chunk_size, index, width // 8, out, np.uint64)
+        elif width % 4 == 0:
+            _nb_copy_rows(src, chunk_size, index, width // 4, out, np.uint32)
+        elif width % 2 == 0:
+            _nb_copy_rows(src, chunk_size, index, width // 2, out, np.uint16)
+        else:
+            _nb_copy_rows(src, chunk_size, index, width, out, np.uint8)
 
 
 def _gather_rows(
@@ -160,16 +155,7 @@ def _gather_rows(
     out_addresses: np.ndarray,
 ) -> None:
     """Copy rows of fixed-shape leaves from per-chunk buffers into outputs (one call a batch)."""
-    if HAS_NUMBA:
-        _nb_gather_rows(addresses, chunk_size, index, row_bytes, out_addresses)
-        return
-    for leaf in range(addresses.shape[0]):  # pragma: no cover - numba is a core dependency
-        width = int(row_bytes[leaf])
-        for i, slot in enumerate(index.tolist()):
-            k, row = divmod(slot, chunk_size)
-            ctypes.memmove(
-                int(out_addresses[leaf]) + i * width, int(addresses[leaf, k]) + row * width, width
-            )
+    _nb_gather_rows(addresses, chunk_size, index, row_bytes, out_addresses)
 
 
 class _Chunk:

@@ -7,15 +7,17 @@ in program order, and nothing here needs an fsync (``MemmapStorage.flush`` is fo
 ``header.bin`` (64 bytes of native int64) is a double record: ``magic, active, (length, next,
 check) x 2``. A publish writes the inactive record and then flips ``active`` with one aligned
 8-byte store, so a kill leaves the old or the new record, never a mix; ``check`` (a hash of the
-record) catches a hand-edited or corrupt header at open. A legacy header (``length, next``,
-zeros) is still read.
+record) catches a hand-edited or corrupt header at open.
 
 ``journal.bin`` holds at most one transaction: a 64-byte head ``magic, commit, kind, count,
 rows, length, next, payload bytes``, the new rows of every leaf (each segment 64-byte aligned),
 then the slots (``kind`` 0: ``count`` runs ``start, stop``; 1: ``count`` slot indices). The
 ``commit`` word (a CRC-32 of everything after it, with bit 62 set so that it is never 0) is
-stored last; 0 means empty. A journal written by rbdata before the CRC (magic ``RBDJRN01``:
-the sum of the words) is still read, and takes the new magic once it is empty.
+stored last; 0 means empty.
+
+The formats of the unreleased rbdata 0.1.0 (a header ``length, next`` with no magic, a journal
+of magic ``RBDJRN01`` whose commit word is a sum of the words) are not read: opening a storage
+that has one is a ``ValueError`` that says so, and changes nothing.
 """
 
 from __future__ import annotations
@@ -53,7 +55,7 @@ __all__ = [
 HEADER_BYTES = 64
 _MAGIC = int.from_bytes(b"RBDHDR02", "little")
 _JMAGIC = int.from_bytes(b"RBDJRN02", "little")  # commit word: a CRC-32
-_JMAGIC_SUM = int.from_bytes(b"RBDJRN01", "little")  # commit word: a sum of the words
+_JMAGIC_LEGACY = int.from_bytes(b"RBDJRN01", "little")  # 0.1.0: not read
 _COMMITTED = 1 << 62
 _MASK = (1 << 63) - 1
 _HEAD = 64  # bytes of the journal's head
@@ -82,11 +84,20 @@ def encode_header(length: int, nxt: int) -> bytes:
     return struct.pack("=8q", _MAGIC, 0, length, nxt, _check(length, nxt, 0), 0, 0, 0)
 
 
+_LEGACY = (
+    "which this version of rbdata does not read; open it with the rbdata that wrote it, or "
+    "re-create the storage"
+)
+
+
 def _decode_header(words: Sequence[int], path: Path) -> tuple[int, int]:
     if words[0] != _MAGIC:
-        if any(words[2:]):
-            raise ValueError(f"{path}: not a MemmapStorage header (bad magic); corrupt")
-        return words[0], words[1]  # legacy: length, next
+        if not any(words[2:]):  # length, next, zeros
+            raise ValueError(
+                f"{path}: no magic 'RBDHDR02': a header of the unreleased rbdata 0.1.0 "
+                f"(length, next, zeros) or a corrupt one, {_LEGACY}"
+            )
+        raise ValueError(f"{path}: not a MemmapStorage header (bad magic); corrupt")
     active = words[1]
     if active not in (0, 1):
         raise ValueError(f"{path}: header field 'active' is {active}, expected 0 or 1; corrupt")
@@ -185,20 +196,12 @@ class Header:
                 raise ValueError(f"{path}: expected a {HEADER_BYTES}-byte header, file is corrupt")
             words = struct.unpack("=8q", os.pread(fd, HEADER_BYTES, 0))
             self.first = _decode_header(words, path)
-            if private or words[0] == _MAGIC:
-                if private:
-                    self._words = memoryview(bytearray(encode_header(*self.first))).cast("q")
-                    return
-                self._mmap = mmap.mmap(fd, HEADER_BYTES)
+            if private:
+                self._words = memoryview(bytearray(encode_header(*self.first))).cast("q")
+                return
+            self._mmap = mmap.mmap(fd, HEADER_BYTES)
         finally:
             os.close(fd)
-        if self._mmap is None:  # legacy header: rewrite it in the new format, atomically
-            _replace(path, encode_header(*self.first))
-            fd = _open_fd(path, os.O_RDWR, "header.bin")
-            try:
-                self._mmap = mmap.mmap(fd, HEADER_BYTES)
-            finally:
-                os.close(fd)
         self._words = memoryview(self._mmap).cast("q")
 
     @classmethod
@@ -278,10 +281,16 @@ def _checksum(data: memoryview, stop: int) -> int:
     return zlib.crc32(data[16 : 8 * stop]) | _COMMITTED
 
 
-def _sum_checksum(words: np.ndarray, stop: int) -> int:
-    """The commit word of a legacy (``RBDJRN01``) journal: the sum of the words mod 2**62."""
-    total = int(np.add.reduce(words[2:stop], dtype=np.uint64))
-    return (total & (_COMMITTED - 1)) | _COMMITTED
+def _check_magic(words: np.ndarray, path: Path) -> None:
+    """Refuse a journal of another format (one created but killed before its magic is empty)."""
+    magic = int(words[0])
+    if magic == _JMAGIC or (magic == 0 and not words[1]):
+        return
+    if magic == _JMAGIC_LEGACY:
+        raise ValueError(
+            f"{path}: a journal of the unreleased rbdata 0.1.0 (magic 'RBDJRN01'), {_LEGACY}"
+        )
+    raise ValueError(f"{path}: not a MemmapStorage journal (bad magic); corrupt")
 
 
 def _up(n: int) -> int:
@@ -326,8 +335,14 @@ class Journal:
                 os.pwrite(self._fd, struct.pack("=q", _JMAGIC), 0)
             else:
                 self._map(size)
+                _check_magic(self._words, path)
+                if not self._q[0]:  # created, then killed before the magic was written
+                    self._q[0] = _JMAGIC
         except BaseException:
-            os.close(self._fd)
+            if self._mmap is not None:
+                self.close()
+            else:
+                os.close(self._fd)
             raise
 
     # --- mapping -------------------------------------------------------------------------
@@ -339,7 +354,6 @@ class Journal:
         self._words = np.frombuffer(self._mmap, dtype=np.uint64)
         self._b = memoryview(self._mmap)
         self._q = self._b.cast("q")
-        self._legacy = int(self._words[0]) == _JMAGIC_SUM
         self._size = size
 
     def _grow(self, need: int) -> None:
@@ -417,8 +431,6 @@ class Journal:
         plan = self._plan_with_room(rows, 8 * nslots)
         end = plan.end
         q = self._q
-        if self._legacy:
-            self._upgrade()
         self._run_head = None
         q[2] = kind
         q[3] = nslots // 2 if kind == 0 else nslots
@@ -463,16 +475,9 @@ class Journal:
     def _set_run_head(self, plan: Plan) -> None:
         """Store the head words of a one-run transaction (kind, runs, rows, payload)."""
         q = self._q
-        if self._legacy:
-            self._upgrade()
         q[2], q[3], q[4], q[7] = 0, 1, plan.rows, plan.end - _HEAD
         self._run_head = plan
         self._run_crc = self._b[16 : plan.end + 16]  # head words to the end of the two slots
-
-    def _upgrade(self) -> None:
-        """Give an empty legacy journal the current magic (its next commit word is a CRC)."""
-        self._q[0] = _JMAGIC
-        self._legacy = False
 
     def write_one(
         self,
@@ -554,9 +559,7 @@ class Journal:
         def bad(field: str, value: int, expected: str) -> ValueError:
             return ValueError(f"{where}: journal field {field!r} is {value}, expected {expected}")
 
-        magic = int(words[0])
-        if magic not in (_JMAGIC, _JMAGIC_SUM):
-            raise ValueError(f"{where}: not a MemmapStorage journal (bad magic); corrupt")
+        _check_magic(words, where)
         if kind not in (0, 1):
             raise bad("kind", kind, "0 or 1")
         if not 1 <= rows <= cap:
@@ -572,8 +575,7 @@ class Journal:
         if not 0 <= count <= rows or end + 8 * nslots > self._size:
             raise bad("count", count, f"at most {rows} within the file")
         stop = end // 8 + nslots
-        check = _checksum(self._b, stop) if magic == _JMAGIC else _sum_checksum(words, stop)
-        if self._q[1] != check:
+        if self._q[1] != _checksum(self._b, stop):
             raise ValueError(f"{where}: committed journal checksum mismatch; corrupt")
         slots = words[end // 8 : end // 8 + nslots].view(np.int64)
         if kind == 0:
@@ -640,6 +642,7 @@ def read_orphan(path: Path, layout: Layout, capacity: int) -> tuple[Any, ...] | 
     journal._words = np.frombuffer(data, dtype=np.uint64)
     journal._b = memoryview(data)
     journal._q = journal._b.cast("q")
+    _check_magic(journal._words, path)
     if not journal.committed:
         return None
     return journal.read()

@@ -28,11 +28,12 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 
 from rbdata._layout import TENSOR, Layout
-from rbdata._numba import HAS_NUMBA, fence, voidptr
+from rbdata._numba import fence, voidptr
 from rbdata.storages.memmap._journal import (
     COMMITTED,
     HEADER_TERMS,
@@ -108,101 +109,98 @@ _FIXED = 6
 BAD_HEADER = -2
 """What the kernel returns when the header's ``active`` word is neither 0 nor 1."""
 
-_nb_write_one: Any = None
-_nb_crc32: Any = None
-if HAS_NUMBA:
-    import numba
 
-    @numba.njit(cache=True)
-    def _nb_crc32(address: int, n: int) -> int:  # pragma: no cover
-        p = numba.carray(voidptr(address), (n,), np.uint8)
-        t = _CRC
-        crc = 0xFFFFFFFF
-        i = 0
-        while i + 8 <= n:
-            lo = crc ^ (
-                np.int64(p[i])
-                | (np.int64(p[i + 1]) << 8)
-                | (np.int64(p[i + 2]) << 16)
-                | (np.int64(p[i + 3]) << 24)
-            )
-            hi = (
-                np.int64(p[i + 4])
-                | (np.int64(p[i + 5]) << 8)
-                | (np.int64(p[i + 6]) << 16)
-                | (np.int64(p[i + 7]) << 24)
-            )
-            crc = (
-                t[7, lo & 0xFF]
-                ^ t[6, (lo >> 8) & 0xFF]
-                ^ t[5, (lo >> 16) & 0xFF]
-                ^ t[4, lo >> 24]
-                ^ t[3, hi & 0xFF]
-                ^ t[2, (hi >> 8) & 0xFF]
-                ^ t[1, (hi >> 16) & 0xFF]
-                ^ t[0, hi >> 24]
-            )
-            i += 8
-        while i < n:
-            crc = t[0, (crc ^ np.int64(p[i])) & 0xFF] ^ (crc >> 8)
-            i += 1
-        return crc ^ 0xFFFFFFFF
+@numba.njit(cache=True)
+def _nb_crc32(address: int, n: int) -> int:  # pragma: no cover
+    p = numba.carray(voidptr(address), (n,), np.uint8)
+    t = _CRC
+    crc = 0xFFFFFFFF
+    i = 0
+    while i + 8 <= n:
+        lo = crc ^ (
+            np.int64(p[i])
+            | (np.int64(p[i + 1]) << 8)
+            | (np.int64(p[i + 2]) << 16)
+            | (np.int64(p[i + 3]) << 24)
+        )
+        hi = (
+            np.int64(p[i + 4])
+            | (np.int64(p[i + 5]) << 8)
+            | (np.int64(p[i + 6]) << 16)
+            | (np.int64(p[i + 7]) << 24)
+        )
+        crc = (
+            t[7, lo & 0xFF]
+            ^ t[6, (lo >> 8) & 0xFF]
+            ^ t[5, (lo >> 16) & 0xFF]
+            ^ t[4, lo >> 24]
+            ^ t[3, hi & 0xFF]
+            ^ t[2, (hi >> 8) & 0xFF]
+            ^ t[1, (hi >> 16) & 0xFF]
+            ^ t[0, hi >> 24]
+        )
+        i += 8
+    while i < n:
+        crc = t[0, (crc ^ np.int64(p[i])) & 0xFF] ^ (crc >> 8)
+        i += 1
+    return crc ^ 0xFFFFFFFF
 
-    @numba.njit(cache=True)
-    def _nb_write_one(table_address: int, slot: int, stop: int) -> int:  # pragma: no cover
-        # the caller guarantees: the table's addresses are mapped, 0 <= slot < capacity, the
-        # journal holds no committed transaction and its payload holds the packed item
-        head = numba.carray(voidptr(table_address), (_FIXED,), np.int64)
-        table = numba.carray(voidptr(table_address), (_FIXED + 3 * head[3],), np.int64)
-        words = numba.carray(voidptr(table[2]), (8,), np.int64)
-        active = words[1]
-        if active != 0 and active != 1:
-            return BAD_HEADER
-        length = words[2 + 3 * active]
-        top = slot + 1
-        new_length = top if top > length else length
-        nxt = top if top < table[5] else 0
-        end = table[1]
-        q = numba.carray(voidptr(table[0]), (end // 8 + 2,), np.int64)
-        journaled = slot < length  # an overwrite of a live slot: through the journal
-        if journaled:
-            q[5] = new_length
-            q[6] = nxt
-            q[end // 8] = slot
-            q[end // 8 + 1] = top
-            word = _nb_crc32(table[0] + 16, end) | COMMITTED
-            fence()
-            q[1] = word  # committed: replayed from here on
-            fence()
-            if stop == 1:
-                return -1
-        source = table[0] + JOURNAL_HEAD
-        for k in range(head[3]):
-            at = _FIXED + 3 * k
-            nbytes = table[at + 2]
-            src = numba.carray(voidptr(source + table[at]), (nbytes,), np.uint8)
-            dst = numba.carray(voidptr(table[at + 1] + slot * nbytes), (nbytes,), np.uint8)
-            for j in range(nbytes):
-                dst[j] = src[j]
+
+@numba.njit(cache=True)
+def _nb_write_one(table_address: int, slot: int, stop: int) -> int:  # pragma: no cover
+    # the caller guarantees: the table's addresses are mapped, 0 <= slot < capacity, the
+    # journal holds no committed transaction and its payload holds the packed item
+    head = numba.carray(voidptr(table_address), (_FIXED,), np.int64)
+    table = numba.carray(voidptr(table_address), (_FIXED + 3 * head[3],), np.int64)
+    words = numba.carray(voidptr(table[2]), (8,), np.int64)
+    active = words[1]
+    if active != 0 and active != 1:
+        return BAD_HEADER
+    length = words[2 + 3 * active]
+    top = slot + 1
+    new_length = top if top > length else length
+    nxt = top if top < table[5] else 0
+    end = table[1]
+    q = numba.carray(voidptr(table[0]), (end // 8 + 2,), np.int64)
+    journaled = slot < length  # an overwrite of a live slot: through the journal
+    if journaled:
+        q[5] = new_length
+        q[6] = nxt
+        q[end // 8] = slot
+        q[end // 8 + 1] = top
+        word = _nb_crc32(table[0] + 16, end) | COMMITTED
         fence()
-        if stop == 2:
+        q[1] = word  # committed: replayed from here on
+        fence()
+        if stop == 1:
             return -1
-        record = 1 - active
-        base = 2 + 3 * record
-        words[base] = new_length
-        words[base + 1] = nxt
-        term = _TERM0 if record == 0 else _TERM1
-        check = ((np.uint64(new_length) * _K_LENGTH) ^ (np.uint64(nxt) * _K_NEXT) ^ term) & _MASK
-        words[base + 2] = np.int64(check) if check else 1
+    source = table[0] + JOURNAL_HEAD
+    for k in range(head[3]):
+        at = _FIXED + 3 * k
+        nbytes = table[at + 2]
+        src = numba.carray(voidptr(source + table[at]), (nbytes,), np.uint8)
+        dst = numba.carray(voidptr(table[at + 1] + slot * nbytes), (nbytes,), np.uint8)
+        for j in range(nbytes):
+            dst[j] = src[j]
+    fence()
+    if stop == 2:
+        return -1
+    record = 1 - active
+    base = 2 + 3 * record
+    words[base] = new_length
+    words[base + 1] = nxt
+    term = _TERM0 if record == 0 else _TERM1
+    check = ((np.uint64(new_length) * _K_LENGTH) ^ (np.uint64(nxt) * _K_NEXT) ^ term) & _MASK
+    words[base + 2] = np.int64(check) if check else 1
+    fence()
+    words[1] = record  # published: one aligned 8-byte store
+    if journaled:
         fence()
-        words[1] = record  # published: one aligned 8-byte store
-        if journaled:
-            fence()
-            q[1] = 0
-        counter = numba.carray(voidptr(table[4]), (2,), np.int64)
-        before = counter[1]
-        counter[1] = before + 1
-        return before
+        q[1] = 0
+    counter = numba.carray(voidptr(table[4]), (2,), np.int64)
+    before = counter[1]
+    counter[1] = before + 1
+    return before
 
 
 def crc32(data: np.ndarray) -> int:
@@ -276,16 +274,10 @@ class PackedRow:
     ) -> PackedRow | None:
         """A packed row for a storage's layout, or ``None`` where it cannot pack.
 
-        ``None``: no flat reader, a layout that is not :func:`packable`, no numba, no numpy
-        views of the files, or a counter that is not process-local (a shared storage).
+        ``None``: no flat reader, a layout that is not :func:`packable`, no numpy views of
+        the files, or a counter that is not process-local (a shared storage).
         """
-        if (
-            _nb_write_one is None
-            or read is None
-            or arrays is None
-            or counter is None
-            or not packable(layout)
-        ):
+        if read is None or arrays is None or counter is None or not packable(layout):
             return None
         return cls(layout, read, arrays, header_address, counter)
 

@@ -31,10 +31,11 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import numba
 import numpy as np
 import torch
 
-from rbdata._numba import HAS_NUMBA, fence
+from rbdata._numba import fence
 from rbdata.storages.memmap._journal import _open_fd, _regular_size
 
 __all__ = ["VERSIONS_FILE", "SlotVersions", "barrier", "consistent_rows", "slots_of"]
@@ -43,58 +44,47 @@ TRIES = 16  #: lock-free re-reads of the rows that raced a write, before one und
 
 VERSIONS_FILE = "versions.bin"
 
-if HAS_NUMBA:
-    import numba
 
-    @numba.njit(cache=True, nogil=True)
-    def _nb_barrier() -> None:  # pragma: no cover - compiled
-        fence()
+@numba.njit(cache=True, nogil=True)
+def _nb_barrier() -> None:  # pragma: no cover - compiled
+    fence()
 
-    @numba.njit(cache=True, nogil=True)
-    def _nb_stamp(words: Any) -> int:  # pragma: no cover - compiled
-        fence()
-        stamp = words[0]
-        fence()
-        return stamp
 
-    @numba.njit(cache=True, nogil=True)
-    def _nb_read(words: Any, slots: Any, out: Any) -> None:  # pragma: no cover - compiled
-        fence()
-        for i in range(slots.shape[0]):
-            out[i] = words[slots[i]]
-        fence()
+@numba.njit(cache=True, nogil=True)
+def _nb_stamp(words: Any) -> int:  # pragma: no cover - compiled
+    fence()
+    stamp = words[0]
+    fence()
+    return stamp
 
-    @numba.njit(cache=True, nogil=True)
-    def _nb_changed(words: Any, slots: Any, before: Any, bad: Any) -> int:  # pragma: no cover
-        fence()
-        n = 0
-        for i in range(slots.shape[0]):
-            b = before[i]
-            if (b & 1) or words[slots[i]] != b:
-                bad[n] = i
-                n += 1
-        return n
+
+@numba.njit(cache=True, nogil=True)
+def _nb_read(words: Any, slots: Any, out: Any) -> None:  # pragma: no cover - compiled
+    fence()
+    for i in range(slots.shape[0]):
+        out[i] = words[slots[i]]
+    fence()
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_changed(words: Any, slots: Any, before: Any, bad: Any) -> int:  # pragma: no cover
+    fence()
+    n = 0
+    for i in range(slots.shape[0]):
+        b = before[i]
+        if (b & 1) or words[slots[i]] != b:
+            bad[n] = i
+            n += 1
+    return n
 
 
 def barrier() -> None:
     """A full memory fence (loads and stores stay on their side of it, on any CPU)."""
-    if HAS_NUMBA:
-        _nb_barrier()
-
-
-def _stamp(word: np.ndarray[Any, Any]) -> int:
-    """The storage-wide write stamp (``word[0]``), fenced from the reads around it."""
-    if not HAS_NUMBA:  # pragma: no cover - numba is a core dependency
-        barrier()
-        return int(word[0])
-    return int(_nb_stamp(word))
+    _nb_barrier()
 
 
 def _read(words: np.ndarray[Any, Any], slots: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
     """``words[slots]``, fenced from the reads around it (slots checked by the caller)."""
-    if not HAS_NUMBA:  # pragma: no cover - numba is a core dependency
-        barrier()
-        return words[slots]
     out = np.empty(slots.shape[0], dtype=np.uint64)
     _nb_read(words, slots, out)
     return out
@@ -104,9 +94,6 @@ def _changed(
     words: np.ndarray[Any, Any], slots: np.ndarray[Any, Any], before: np.ndarray[Any, Any]
 ) -> np.ndarray[Any, Any]:
     """Positions ``i`` whose word is odd in ``before`` or differs now (a write overlapped)."""
-    if not HAS_NUMBA:  # pragma: no cover - numba is a core dependency
-        barrier()
-        return np.flatnonzero((before != words[slots]) | (before & 1).astype(bool))
     bad = np.empty(slots.shape[0], dtype=np.int64)
     return bad[: _nb_changed(words, slots, before, bad)]
 
@@ -190,9 +177,7 @@ class SlotVersions:
 
     def stamp(self) -> int:
         """The storage-wide stamp: odd while a write is in progress, raised by each write."""
-        if HAS_NUMBA:
-            return int(_nb_stamp(self.stamp_word))
-        return _stamp(self.stamp_word)  # pragma: no cover - numba is a core dependency
+        return int(_nb_stamp(self.stamp_word))
 
     def read(self, slots: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
         """A copy of the version words of ``slots`` (int64, in range; fenced both sides)."""
