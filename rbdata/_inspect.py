@@ -30,7 +30,7 @@ from rbdata.checkpoint._codec import MARK, check_table
 from rbdata.checkpoint._storage_checks import check_storage
 from rbdata.checkpoint._validate import check_int, read_checkpoint_meta
 from rbdata.errors import CheckpointError
-from rbdata.samplers._sumtree import ROOT
+from rbdata.samplers._trees.sumtree import ROOT
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.storages.arrow import storage as arrow
 from rbdata.storages.arrow._checks import check_meta as check_arrow_meta

@@ -24,7 +24,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-import rbdata.samplers._sumtree as sumtree
+import rbdata.samplers._trees.sumtree as sumtree
 from rbdata import (
     ArrowStorage,
     ListStorage,

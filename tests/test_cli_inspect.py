@@ -33,7 +33,7 @@ from rbdata import (
 from rbdata._inspect import inspect_path
 from rbdata.cli import main
 from rbdata.errors import CheckpointError
-from rbdata.samplers import _sumtree
+from rbdata.samplers._trees import sumtree as _sumtree
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -10,8 +10,8 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
-from rbdata.samplers import _sumtree
 from rbdata.samplers import prioritized as prioritized_module
+from rbdata.samplers._trees import sumtree as _sumtree
 
 
 def transitions(n: int, start: int = 0) -> TensorDict:

@@ -22,10 +22,11 @@ from contracts import transitions
 from torch.utils.data import DataLoader
 
 from rbdata import BatchSampler, MemmapStorage, PrioritizedSampler, ReplayBuffer, TensorStorage
-from rbdata.samplers import _sumtree, _torch_tree
 from rbdata.samplers import prioritized as prioritized_module
-from rbdata.samplers._cpu_trees import CpuTrees
-from rbdata.samplers._device_trees import DeviceTrees, triton_ready
+from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees import torch_ops as _torch_tree
+from rbdata.samplers._trees.cpu import CpuTrees
+from rbdata.samplers._trees.device import DeviceTrees, triton_ready
 
 CUDA = torch.cuda.is_available()
 

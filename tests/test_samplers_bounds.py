@@ -31,7 +31,7 @@ CRASH_SECTIONS = {
         print("total", float(sampler.priority_values().sum()))
     """,
     "sumtree_update": """
-        from rbdata.samplers import _sumtree
+        from rbdata.samplers._trees import sumtree as _sumtree
         tree = _sumtree.new_tree(10, "sum")
         for index, values in (
             (torch.tensor([10**9]), torch.tensor([1.0])),
@@ -136,7 +136,7 @@ def test_numba_boundscheck_needs_its_own_cache_dir(tmp_path: Path) -> None:
     """
     code = """
         import numpy as np, torch
-        from rbdata.samplers import _sumtree
+        from rbdata.samplers._trees import sumtree as _sumtree
         tree = _sumtree.new_tree(10, "sum", torch.float64)
         offsets = np.asarray(_sumtree.layout(tree), dtype=np.int64)
         try:

@@ -10,7 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from rbdata.samplers import _sumtree
+from rbdata.samplers._trees import sumtree as _sumtree
 
 CAPACITIES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 31, 64, 65, 100, 513])
 

@@ -24,8 +24,8 @@ import numpy as np
 import pytest
 import torch
 
-from rbdata.samplers import _sumtree
-from rbdata.samplers._device_trees import triton_ready
+from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees.device import triton_ready
 
 # marked ``cuda`` so that ``make test-cuda`` (``pytest -m cuda``) runs them on a GPU too; without
 # one they run everywhere, in Triton's interpreter
@@ -36,7 +36,7 @@ DEVICE = torch.device("cuda" if CUDA else "cpu")
 if not triton_ready(DEVICE):
     pytest.skip("triton is not installed (or not in interpreter mode)", allow_module_level=True)
 
-from rbdata.samplers import _triton_tree  # noqa: E402 - after the skip
+from rbdata.samplers._trees import triton_ops as _triton_tree  # noqa: E402 - after the skip
 
 EXACT_POW = _triton_tree.INTERPRET  # numpy's pow is libm's, as numba's
 

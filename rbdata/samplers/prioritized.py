@@ -1,9 +1,9 @@
 """``PrioritizedSampler``: proportional prioritized replay (Schaul et al., 2016) on a sum tree.
 
 The sampler is a thin front: it checks its arguments, owns the generator and the options, and
-runs every tree operation through a *tree backend* (:mod:`rbdata.samplers._trees`): numba
-kernels on CPU trees (:class:`~rbdata.samplers._cpu_trees.CpuTrees`), fused Triton kernels or
-the torch reference on device trees (:class:`~rbdata.samplers._device_trees.DeviceTrees`).
+runs every tree operation through a *tree backend* (:mod:`rbdata.samplers._trees.backend`): numba
+kernels on CPU trees (:class:`~rbdata.samplers._trees.cpu.CpuTrees`), fused Triton kernels or
+the torch reference on device trees (:class:`~rbdata.samplers._trees.device.DeviceTrees`).
 """
 
 from __future__ import annotations
@@ -15,11 +15,11 @@ import torch
 
 from rbdata._device import resolve_device
 from rbdata._index import check_capacity
-from rbdata.samplers import _sumtree
-from rbdata.samplers._cpu_trees import CpuTrees
-from rbdata.samplers._device_trees import DeviceTrees
 from rbdata.samplers._priority_input import check_exponent
-from rbdata.samplers._trees import TreeBackend, TreeSpec, check_beyond, restored_trees
+from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, restored_trees
+from rbdata.samplers._trees.cpu import CpuTrees
+from rbdata.samplers._trees.device import DeviceTrees
 from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["PrioritizedSampler"]
@@ -70,7 +70,7 @@ class PrioritizedSampler(Sampler):
 
     New items get the highest priority seen so far (``default_priority=None``) or a fixed one.
     The trees live on ``device``: on CPU a numba kernel walks them; on CUDA batched torch ops
-    do (see :mod:`!rbdata.samplers._torch_tree`): every draw of a batch descends the tree
+    do (see :mod:`!rbdata.samplers._trees.torch_ops`): every draw of a batch descends the tree
     together, one step per level, and an update recomputes only the written slots' ancestors.
 
     **On CUDA** ``draw``, ``sample`` and ``update_priority`` never wait for the GPU: indices,

@@ -1,10 +1,10 @@
 """Fused Triton kernels for the device trees: a draw in one kernel, an update in two.
 
-The kernels themselves; :mod:`rbdata.samplers._triton_tree` launches them.
+The kernels themselves; :mod:`rbdata.samplers._trees.triton_ops` launches them.
 
-The trees are those of :mod:`rbdata.samplers._sumtree` (8-ary, level by level in one 1-D
+The trees are those of :mod:`rbdata.samplers._trees.sumtree` (8-ary, level by level in one 1-D
 tensor, with the block-min tree beside the sum tree) and the results are those of
-:mod:`rbdata.samplers._torch_tree`, the batched torch reference, which needs about a hundred
+:mod:`rbdata.samplers._trees.torch_ops`, the batched torch reference, which needs about a hundred
 small launches per call where these need one to three:
 
 - **draw** (:func:`draw`): one program per block of uniforms. Each lane scales its uniform by
@@ -48,7 +48,7 @@ import numpy as np
 import triton
 import triton.language as tl
 
-from rbdata.samplers._trees import interpreting
+from rbdata.samplers._trees.backend import interpreting
 
 __all__ = ["INTERPRET", "check_kernel", "draw_kernel", "write_kernel"]
 

@@ -3,11 +3,11 @@
 :class:`~rbdata.samplers.PrioritizedSampler` is a thin front over a *tree backend* that owns
 the sum tree, the block-min tree and the highest priority seen:
 
-- :class:`~rbdata.samplers._cpu_trees.CpuTrees`: CPU trees walked by numba kernels; a bad
+- :class:`~rbdata.samplers._trees.cpu.CpuTrees`: CPU trees walked by numba kernels; a bad
   ``update_priority`` raises at once.
-- :class:`~rbdata.samplers._device_trees.DeviceTrees`: trees on any device (CUDA; CPU when
-  forced for tests) walked by fused Triton kernels (:mod:`rbdata.samplers._triton_tree`) or,
-  without Triton, by the batched torch reference (:mod:`rbdata.samplers._torch_tree`);
+- :class:`~rbdata.samplers._trees.device.DeviceTrees`: trees on any device (CUDA; CPU when
+  forced for tests) walked by fused Triton kernels (:mod:`rbdata.samplers._trees.triton_ops`) or,
+  without Triton, by the batched torch reference (:mod:`rbdata.samplers._trees.torch_ops`);
   nothing waits for the device, so a bad call is refused on the device and raised later.
 
 Both validate an update the same way (:class:`TreeSpec` and :func:`refusal`): every index in
@@ -25,7 +25,7 @@ from typing import Any, Protocol
 
 import torch
 
-from rbdata.samplers import _sumtree
+from rbdata.samplers._trees import sumtree as _sumtree
 
 __all__ = [
     "TreeBackend",

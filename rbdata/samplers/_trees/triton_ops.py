@@ -1,6 +1,6 @@
 """Launching the fused Triton tree kernels: the workspace, a draw, an update.
 
-The kernels and how they work: :mod:`rbdata.samplers._triton_kernels`. Tree values and draws
+The kernels and how they work: :mod:`rbdata.samplers._trees.triton_kernels`. Tree values and draws
 are those of the numba kernels (``tests/test_triton_tree.py`` checks them bit for bit through
 Triton's CPU interpreter).
 """
@@ -14,8 +14,8 @@ import numpy as np
 import torch
 import triton
 
-from rbdata.samplers import _sumtree
-from rbdata.samplers._triton_kernels import INTERPRET, check_kernel, draw_kernel, write_kernel
+from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees.triton_kernels import INTERPRET, check_kernel, draw_kernel, write_kernel
 
 __all__ = ["INTERPRET", "Workspace", "draw", "update"]
 

@@ -1,8 +1,8 @@
 """Device trees of the prioritized sampler: nothing waits for the device.
 
 The trees live on the device (CUDA; CPU when forced, for tests) and are walked by fused
-Triton kernels (:mod:`rbdata.samplers._triton_tree`: a draw is one kernel, an update two) or,
-without Triton, by the batched torch reference (:mod:`rbdata.samplers._torch_tree`). Either
+Triton kernels (:mod:`rbdata.samplers._trees.triton_ops`: a draw is one kernel, an update two) or,
+without Triton, by the batched torch reference (:mod:`rbdata.samplers._trees.torch_ops`). Either
 way:
 
 - an update is validated **on the device**: a refused call changes nothing, and its record
@@ -24,9 +24,10 @@ from typing import Any
 
 import torch
 
-from rbdata.samplers import _sumtree, _torch_tree
 from rbdata.samplers._priority_input import device_index_and_priority
-from rbdata.samplers._trees import TreeSpec, interpreting, refusal
+from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees import torch_ops as _torch_tree
+from rbdata.samplers._trees.backend import TreeSpec, interpreting, refusal
 
 __all__ = ["DeviceTrees", "triton_ready"]
 
@@ -96,7 +97,7 @@ class DeviceTrees:
         self._new_priority: float | None = None
         self._new_t: tuple[float, torch.Tensor] | None = None
         if self.kernels == "triton":
-            from rbdata.samplers import _triton_tree
+            from rbdata.samplers._trees import triton_ops as _triton_tree
 
             self._triton: Any = _triton_tree
             self._workspace = _triton_tree.Workspace(self.sum_tree, self.min_tree)

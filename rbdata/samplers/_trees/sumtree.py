@@ -17,9 +17,9 @@ For prioritized sampling a *block-min tree* sits beside the sum tree: a min tree
 stored value at an eighth of the memory of a per-slot min tree.
 
 The torch functions are the reference and run on CPU and CUDA tensors alike: they are the
-batched operations of :mod:`rbdata.samplers._torch_tree` (vectorised over a batch, one level
+batched operations of :mod:`rbdata.samplers._trees.torch_ops` (vectorised over a batch, one level
 at a time, no host synchronisation), the reference of the prioritized sampler's device trees
-(which run fused Triton kernels where they can: :mod:`rbdata.samplers._triton_tree`). On
+(which run fused Triton kernels where they can: :mod:`rbdata.samplers._trees.triton_ops`). On
 CPU tensors the public functions dispatch to numba kernels with the same semantics.
 """
 
@@ -53,7 +53,7 @@ __all__ = [
 ]
 
 from rbdata._numba import voidptr
-from rbdata.samplers import _torch_tree
+from rbdata.samplers._trees import torch_ops as _torch_tree
 
 ARITY = 8
 ROOT = ARITY - 1  # padding before the root aligns every block of children to ARITY elements
@@ -133,7 +133,7 @@ def update_reference(
 ) -> None:
     """Set slots ``index`` to ``values`` and recompute their ancestors (duplicates: last wins).
 
-    The batched torch update of :mod:`rbdata.samplers._torch_tree`: the written leaves, then
+    The batched torch update of :mod:`rbdata.samplers._trees.torch_ops`: the written leaves, then
     only their ancestors, level by level; sums in float64, pairwise, rounded once, exactly
     like the kernels (the same bits on every path and for every tree dtype).
     """
@@ -151,7 +151,7 @@ def find_reference(tree: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     Returns the slot ``s`` with ``sum(v[:s]) <= target < sum(v[:s + 1])``. A child of zero
     mass is never entered, so a slot of value 0 is never returned while the root is positive;
     a target rounded up to (or past) the total lands on the last positive slot. All targets
-    descend together, one level at a time (:func:`rbdata.samplers._torch_tree.find`).
+    descend together, one level at a time (:func:`rbdata.samplers._trees.torch_ops.find`).
     """
     return _torch_tree.find(tree, _levels(tree), targets)
 

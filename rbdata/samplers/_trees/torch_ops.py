@@ -1,10 +1,10 @@
 """Batched sum/min-tree operations in plain torch: the reference of the device trees.
 
 The prioritized sampler's device trees run the fused Triton kernels of
-:mod:`rbdata.samplers._triton_tree` where Triton can run, and these ops otherwise (no Triton,
+:mod:`rbdata.samplers._trees.triton_ops` where Triton can run, and these ops otherwise (no Triton,
 ``RBDATA_TRITON=0``); tests hold the two to the same results.
 
-The trees are those of :mod:`rbdata.samplers._sumtree` (8-ary, level by level in one 1-D
+The trees are those of :mod:`rbdata.samplers._trees.sumtree` (8-ary, level by level in one 1-D
 tensor). Every function here works on a whole batch and loops over the tree's *levels* only
 (``log8`` of the capacity: 8 for 10M slots), never over items:
 
@@ -22,7 +22,7 @@ queue without a host synchronisation; on CPU the same code is the reference that
 against the numba kernels.
 
 **Same results as the numba kernels.** For the same stored values and the same targets the
-trees, indices and weights are the ones of :mod:`rbdata.samplers._sumtree`'s kernels:
+trees, indices and weights are the ones of :mod:`rbdata.samplers._trees.sumtree`'s kernels:
 
 - a node's sum is the same float64 pairwise add tree of its 8 children,
   ``((c0 + c1) + (c2 + c3)) + ((c4 + c5) + (c6 + c7))``, rounded once to the tree's dtype;
