@@ -13,16 +13,21 @@ import contextlib
 import sys
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 import torch
 from torch.utils.data import Dataset
 
 from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capacity, normalize_int
 from rbdata._layout import EMPTY_BATCH, Layout, is_structured, stack_items
+from rbdata.errors import CheckpointError
 from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
 
-__all__ = ["Prepared", "Storage", "WriteIndex"]
+if TYPE_CHECKING:
+    from rbdata.storages._describe import StorageInfo
+
+__all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
@@ -72,6 +77,21 @@ class Prepared:
         return Prepared(payload, int(idx.numel()), self.layout, True)
 
 
+class Codec(Protocol):
+    """The pickle-free encoding that checkpoints lend to a storage's persistence hooks.
+
+    ``encode`` turns a value (nested containers, numbers, strings, tensors...) into JSON,
+    appending its tensors to ``tensors``; ``decode`` does the reverse and checks what it
+    reads. ``where`` names the value in error messages. See :mod:`rbdata.checkpoint`.
+    """
+
+    def encode(self, obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
+        """``obj`` as JSON, its tensors appended to ``tensors``."""
+
+    def decode(self, obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
+        """The value that ``encode`` turned into ``obj`` (checked)."""
+
+
 class Storage(Dataset[Any]):
     """Base class of all storages: a fixed-capacity, map-style dataset of items.
 
@@ -82,6 +102,11 @@ class Storage(Dataset[Any]):
 
     #: Set by ``close()`` of storages that can be closed; every public method then raises.
     _closed: bool = False
+    #: The name of this class's on-disk directory format (``rbdata inspect``, dataset
+    #: entries), for classes that own one; ``None`` otherwise.
+    kind: ClassVar[str | None] = None
+    #: The metadata file that marks a directory of :attr:`kind` (``None``: no format).
+    marker_file: ClassVar[str | None] = None
 
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         self._capacity = check_capacity(max_size)
@@ -364,3 +389,129 @@ class Storage(Dataset[Any]):
     @abstractmethod
     def _get(self, index: int) -> Any:
         """Return the item at in-range ``index``."""
+
+    # --- persistence (for implementers): checkpoints, state dicts, ``rbdata inspect`` -----
+    # Each storage class owns how it is saved and read back; rbdata.checkpoint, ``rbdata
+    # inspect`` and the converters call these hooks and never look inside a storage. The
+    # defaults refuse: a storage class is checkpointable once it implements them.
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """Save this storage into a checkpoint: files under ``directory``, or a JSON state.
+
+        Args:
+            directory: where the storage's files go (not created yet; a storage that keeps
+                its data in the returned state creates nothing).
+            codec: encodes values that are not JSON (tensors go to ``tensors``).
+            tensors: the checkpoint's tensor list (saved with it).
+            fsync: fsync every file written.
+
+        Returns:
+            The JSON state that :meth:`check_dump` and :meth:`restore` read back, and the
+            checksum entries of the files written (names relative to ``directory``).
+
+        Raises:
+            TypeError: if this class cannot be checkpointed.
+        """
+        raise self._not_persisted()
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """Check what :meth:`dump` wrote before anything is allocated, mapped or copied.
+
+        Every count, size and file name is checked against the metadata and the files
+        present (plain files inside ``directory``, no symlink). ``meta_file`` (the
+        checkpoint's metadata file) starts the messages about fields of ``config`` and
+        ``state``.
+
+        Returns:
+            A plan for :meth:`restore`: a tuple whose first item is the capacity.
+
+        Raises:
+            CheckpointError: naming the file and the field that is wrong.
+        """
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> Storage:
+        """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned ``plan``).
+
+        The new storage never writes into ``directory``: it maps it copy-on-write or copies
+        it. ``tensors`` are the checkpoint's, for ``codec`` to decode the state.
+
+        Raises:
+            CheckpointError: if the data contradicts the metadata.
+        """
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """This storage as tensors and plain values (``torch.load(weights_only=True)``-able).
+
+        What :meth:`from_state` rebuilds it from (``ReplayBuffer.state_dict``).
+        """
+        raise self._not_persisted()
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> Storage:
+        """Rebuild a storage from :meth:`dump_state` (in memory, or a directory of its own)."""
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    def copy_from(self, src: Storage) -> None:
+        """Make this storage hold exactly what ``src`` (same class and capacity) holds.
+
+        Slot by slot, with the same length and next slot; what this storage held is gone.
+        The default copies the rows in blocks through :meth:`set`.
+        """
+        from rbdata.storages.convert import copy_rows
+
+        n = len(src)
+        self.clear()
+        copy_rows(src, self, n, getattr(src, "chunk_size", 1 << 16))
+        self._set_length(n)
+        self._set_next(src.next_slot)
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """What a dumped storage holds, from its metadata only (``rbdata inspect``).
+
+        Data files are never opened or mapped, only their sizes taken; no symlink is
+        followed; nothing is written.
+
+        Args:
+            directory: the storage's directory (a storage directory of :attr:`kind`, or
+                the directory that :meth:`dump` wrote).
+            config: the constructor config saved with a checkpoint, if any.
+            state: the state that :meth:`dump` returned, if any.
+            meta_file: the checkpoint's metadata file, for messages.
+
+        Returns:
+            The summary, and the problems found (missing or mis-sized files) that do not
+            stop the metadata from being read.
+
+        Raises:
+            ValueError, CheckpointError: if the metadata itself is unreadable or corrupt.
+        """
+        raise CheckpointError(f"no description rule for storage class {cls.__name__}")
+
+    @classmethod
+    def _not_persisted(cls) -> TypeError:
+        return TypeError(
+            f"cannot checkpoint a {cls.__name__}: checkpoints know TensorStorage, "
+            "MemmapStorage, ArrowStorage and ListStorage (and their subclasses)"
+        )

@@ -54,7 +54,8 @@ from rbdata._index import ring_runs
 from rbdata._layout import Layout
 from rbdata.storages import _memory
 from rbdata.storages._unpack import numpy_views
-from rbdata.storages.base import Prepared
+from rbdata.storages.base import Codec, Prepared
+from rbdata.storages.memmap import _persist
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
@@ -121,6 +122,8 @@ class MemmapStorage(TensorStorage):
         >>> storage.close()
     """
 
+    kind = "memmap"
+    marker_file = LAYOUT_FILE
     _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
     _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
@@ -237,6 +240,19 @@ class MemmapStorage(TensorStorage):
         """``max_size`` (checkpoints carry the data; the path is chosen when loading)."""
         self._check_open()
         return {"max_size": self.capacity}
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> MemmapStorage:
+        """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
+        return _persist.restore_memmap(cls, directory, config)
 
     def _meta(self, layout: Layout | None) -> dict[str, Any]:
         return layout_meta(self.capacity, layout)
