@@ -10,6 +10,7 @@ size before choosing slots; ``set`` is both in one call.
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from abc import abstractmethod
 from collections.abc import Sequence
@@ -430,7 +431,7 @@ class Storage(Dataset[Any]):
             A plan for :meth:`restore`: a tuple whose first item is the capacity.
 
         Raises:
-            CheckpointError: naming the file and the field that is wrong.
+            rbdata.errors.CheckpointError: naming the file and the field that is wrong.
         """
         raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
 
@@ -450,7 +451,7 @@ class Storage(Dataset[Any]):
         it. ``tensors`` are the checkpoint's, for ``codec`` to decode the state.
 
         Raises:
-            CheckpointError: if the data contradicts the metadata.
+            rbdata.errors.CheckpointError: if the data contradicts the metadata.
         """
         raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
 
@@ -470,15 +471,48 @@ class Storage(Dataset[Any]):
         """Make this storage hold exactly what ``src`` (same class and capacity) holds.
 
         Slot by slot, with the same length and next slot; what this storage held is gone.
-        The default copies the rows in blocks through :meth:`set`.
+        The default copies the rows through :meth:`set`, :attr:`block_rows` of ``src`` at a
+        time (65536 if it has no preference).
         """
         from rbdata.storages.convert import copy_rows
 
         n = len(src)
         self.clear()
-        copy_rows(src, self, n, getattr(src, "chunk_size", 1 << 16))
+        copy_rows(src, self, n, src.block_rows or 1 << 16)
         self._set_length(n)
         self._set_next(src.next_slot)
+
+    # --- conversion between on-disk formats (for implementers; see convert) -------------
+    @property
+    def block_rows(self) -> int | None:
+        """The rows a bulk copy should read or write at once (``None``: no preference)."""
+        return None
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse, before anything is created, a layout this class cannot store.
+
+        Raises:
+            TypeError: naming the key and what it holds (the default accepts any layout).
+        """
+
+    @classmethod
+    def empty_like(
+        cls, src: Storage, path: str | os.PathLike[str] | None = None, block_rows: int | None = None
+    ) -> Storage:
+        """A new, empty storage of this class to copy ``src`` into (its capacity, at ``path``).
+
+        Options of ``src`` that this class shares are kept (an Arrow storage's chunk size
+        and ragged keys); ``block_rows``, if given, is the rows per chunk of the new storage.
+
+        Raises:
+            TypeError: if this class cannot be a copy's destination.
+        """
+        raise TypeError(f"{cls.__name__} cannot be made from another storage")
+
+    def flush(self) -> None:
+        """Write every item to the storage's files, durably (nothing to do in memory)."""
+        self._check_open()
 
     @classmethod
     def describe(
@@ -505,7 +539,8 @@ class Storage(Dataset[Any]):
             stop the metadata from being read.
 
         Raises:
-            ValueError, CheckpointError: if the metadata itself is unreadable or corrupt.
+            ValueError: if the metadata itself is unreadable or corrupt (a
+                :class:`~rbdata.errors.CheckpointError` for a checkpoint's).
         """
         raise CheckpointError(f"no description rule for storage class {cls.__name__}")
 

@@ -10,7 +10,7 @@ import numpy as np
 import torch
 
 from rbdata._device import resolve_device
-from rbdata._layout import Layout
+from rbdata._layout import STRING, TENSOR, Layout
 from rbdata.storages import _memory
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
 from rbdata.storages.base import Codec, Prepared, Storage
@@ -393,6 +393,17 @@ class TensorStorage(Storage):
         from rbdata.storages.memmap import _persist
 
         _persist.copy_tensors(self, src)
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse variable-length (ragged) and string leaves: buffers are fixed-shape."""
+        for leaf in layout.leaves:
+            if leaf.kind != TENSOR:
+                what = "strings" if leaf.kind == STRING else "variable-length (ragged) tensors"
+                raise TypeError(
+                    f"key {leaf.name}: {cls.__name__} keeps fixed-shape tensors only, this key "
+                    f"holds {what}; convert to 'arrow' instead"
+                )
 
     @classmethod
     def describe(

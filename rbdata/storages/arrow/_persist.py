@@ -23,11 +23,11 @@ from rbdata._atomic import fsync_dir
 from rbdata._checked import leaf_path, plain_file, read_json
 from rbdata._checksum import copy_with_crc
 from rbdata._files import inside, open_nofollow, remove_with
-from rbdata._layout import TENSOR
+from rbdata._layout import TENSOR, Key, Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size
-from rbdata.storages.arrow._checks import check_meta, parse_meta
+from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_meta, parse_meta
 from rbdata.storages.arrow._journal import JOURNAL_FILE
 from rbdata.storages.base import Codec, Storage
 
@@ -137,6 +137,8 @@ class ArrowFiles(Storage):
     kind = "arrow"
     marker_file = META_FILE
     _finalizer: Any = None  # removes a temporary directory (see _files.storage_dir)
+    chunk_size: int
+    _ragged: tuple[Key, ...]
 
     def abort(self) -> None:
         """Give up a storage being filled: close it without a flush, keep its directory.
@@ -147,6 +149,35 @@ class ArrowFiles(Storage):
         """
         self._finalizer = None
         self._closed = True
+
+    @property
+    def block_rows(self) -> int | None:
+        """:attr:`chunk_size`: a bulk copy reads or writes one chunk file at a time."""
+        return self.chunk_size
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse dtypes that Arrow lacks."""
+        for leaf in layout.leaves:
+            if leaf.dtype not in TORCH_TO_NUMPY:
+                raise TypeError(
+                    f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
+                    f"supported: {', '.join(str(d)[6:] for d in TORCH_TO_NUMPY)}"
+                )
+
+    @classmethod
+    def empty_like(
+        cls, src: Storage, path: str | os.PathLike[str] | None = None, block_rows: int | None = None
+    ) -> ArrowStorage:
+        """A new storage of ``src``'s capacity and ragged keys at ``path``.
+
+        Its chunk size is ``block_rows``, else ``src``'s for an Arrow ``src``, else the
+        default.
+        """
+        ragged = src._ragged if isinstance(src, ArrowFiles) else ()
+        return cls(  # type: ignore[call-arg, return-value]
+            src.capacity, path=path, chunk_size=block_rows or src.block_rows, ragged=ragged
+        )
 
     def dump(
         self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True

@@ -12,9 +12,12 @@
 from __future__ import annotations
 
 import math
+import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+
+import torch
 
 from rbdata._atomic import fsync_dir
 from rbdata._checked import plain_file, read_json
@@ -24,6 +27,7 @@ from rbdata._layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size, saved_counts
+from rbdata.storages.base import Codec, Storage
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
@@ -34,12 +38,13 @@ from rbdata.storages.memmap._directory import (
     write_directory,
 )
 from rbdata.storages.memmap._journal import Header
+from rbdata.storages.tensor import TensorStorage
 
 if TYPE_CHECKING:
     from rbdata.storages.memmap.storage import MemmapStorage
-    from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
+    "MemmapFiles",
     "check_dumped",
     "copy_tensors",
     "describe_dir",
@@ -204,3 +209,33 @@ def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
         if committed:
             details["journal"] = f"a committed write not yet in the files ({REPLAY_NOTE})"
     return StorageInfo("memmap", capacity, length, nxt, key_infos(layout), details), problems
+
+
+class MemmapFiles(TensorStorage):
+    """The persistence hooks of :class:`~rbdata.storages.MemmapStorage` (its own directories)."""
+
+    kind = "memmap"
+    marker_file = LAYOUT_FILE
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> MemmapStorage:
+        """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
+        return restore_memmap(cls, directory, config)  # type: ignore[arg-type]
+
+    @classmethod
+    def empty_like(
+        cls,
+        src: Storage,
+        path: str | os.PathLike[str] | None = None,
+        block_rows: int | None = None,
+    ) -> MemmapStorage:
+        """A new storage of ``src``'s capacity at ``path``."""
+        return cls(src.capacity, path=path)  # type: ignore[call-arg, return-value]

@@ -54,8 +54,7 @@ from rbdata._index import ring_runs
 from rbdata._layout import Layout
 from rbdata.storages import _memory
 from rbdata.storages._unpack import numpy_views
-from rbdata.storages.base import Codec, Prepared
-from rbdata.storages.memmap import _persist
+from rbdata.storages.base import Prepared
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
@@ -74,6 +73,7 @@ from rbdata.storages.memmap._journal import (
     read_orphan,
 )
 from rbdata.storages.memmap._packed import PackedRow
+from rbdata.storages.memmap._persist import MemmapFiles
 from rbdata.storages.memmap._shared import SharedState
 from rbdata.storages.memmap._versions import VERSIONS_FILE, SlotVersions, consistent_rows
 from rbdata.storages.tensor import TensorStorage
@@ -95,7 +95,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_mark_shared_before_fork)
 
 
-class MemmapStorage(TensorStorage):
+class MemmapStorage(MemmapFiles):
     """Items in memory-mapped files, one per leaf, plus a JSON layout and a tiny header.
 
     Every write is atomic across a SIGKILL (see the module docstring). Many processes may
@@ -122,8 +122,6 @@ class MemmapStorage(TensorStorage):
         >>> storage.close()
     """
 
-    kind = "memmap"
-    marker_file = LAYOUT_FILE
     _row: PackedRow | None = None  # the packed per-step add of a small layout (see _add_fast)
     _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
@@ -240,19 +238,6 @@ class MemmapStorage(TensorStorage):
         """``max_size`` (checkpoints carry the data; the path is chosen when loading)."""
         self._check_open()
         return {"max_size": self.capacity}
-
-    @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> MemmapStorage:
-        """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
-        return _persist.restore_memmap(cls, directory, config)
 
     def _meta(self, layout: Layout | None) -> dict[str, Any]:
         return layout_meta(self.capacity, layout)
