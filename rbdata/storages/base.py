@@ -15,7 +15,7 @@ import sys
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch.utils.data import Dataset
@@ -24,9 +24,7 @@ from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capac
 from rbdata._layout import EMPTY_BATCH, Layout, is_structured, stack_items
 from rbdata.errors import CheckpointError
 from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
-
-if TYPE_CHECKING:
-    from rbdata.storages._describe import StorageInfo
+from rbdata.storages._describe import StorageInfo
 
 __all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
 
