@@ -33,8 +33,7 @@ from rbdata.checkpoint._validate import read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers._sumtree import ROOT
 from rbdata.samplers.prioritized import PrioritizedSampler
-from rbdata.storages import KeyInfo, Storage, StorageInfo
-from rbdata.storages._describe import storage_kind, storage_kinds
+from rbdata.storages import KeyInfo, Storage, StorageInfo, storage_kind, storage_kinds
 
 __all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
 

@@ -24,8 +24,9 @@ from rbdata.storages import (
     Storage,
     StorageInfo,
     TensorStorage,
+    storage_kind,
+    storage_kinds,
 )
-from rbdata.storages._describe import storage_kind, storage_kinds
 
 MAKERS = {
     "list": lambda: ListStorage(8),

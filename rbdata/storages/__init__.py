@@ -1,6 +1,12 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
-from rbdata.storages._describe import KeyInfo, StorageInfo, register_kind
+from rbdata.storages._describe import (
+    KeyInfo,
+    StorageInfo,
+    register_kind,
+    storage_kind,
+    storage_kinds,
+)
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Codec, Prepared, Storage
 from rbdata.storages.convert import convert
@@ -19,6 +25,8 @@ __all__ = [
     "StorageInfo",
     "TensorStorage",
     "convert",
+    "storage_kind",
+    "storage_kinds",
 ]
 
 # the on-disk kinds, in the order ``rbdata inspect`` recognises their directories
