@@ -248,147 +248,6 @@ class Storage(Dataset[Any]):
         self._set_length(0)
         self._set_next(0)
 
-    # --- two-phase writes ----------------------------------------------------------------
-    def prepare(self, data: Any, batched: bool) -> Prepared:
-        """Validate ``data`` against the layout (inferring it on the first write).
-
-        Everything that can fail happens here, so that :meth:`commit` cannot fail half-way:
-        the payload is detached from autograd, dense, on :meth:`!_payload_device`, and holds
-        values the layout's dtypes keep (narrowing casts are checked value by value; the
-        write casts while it copies, which cannot fail then).
-
-        Raises:
-            ValueError: bad keys, shapes or values (see :meth:`!Layout.split`), or an empty
-                list of items.
-            TypeError: data of the wrong kind or dtype.
-        """
-        self._check_open()
-        layout = self._current_layout()
-        if batched and isinstance(data, (list, tuple)):
-            if not data:
-                raise ValueError(EMPTY_BATCH)
-            if is_structured(data[0]):
-                data = stack_items(data)
-        if layout is None:
-            layout = self._infer_layout(data, batched)
-        tensors, n = layout.split(data, batched, self._payload_device(), self._densify)
-        return Prepared(tensors, n, layout, batched)
-
-    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
-        """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
-        self._check_open()
-        if prepared.layout is not None:
-            self._ensure_layout(prepared.layout)
-        if isinstance(index, int):
-            self._write_one(index, prepared.payload)
-            top = last = index + 1
-        elif isinstance(index, list):
-            self._write(index, prepared.payload)
-            top = index[0].stop if len(index) == 1 else max((r.stop for r in index), default=0)
-            last = index[-1].stop if index else self.next_slot
-        else:
-            self._write(index, prepared.payload)
-            top = int(index.max()) + 1 if index.numel() else 0
-            last = int(index[-1]) + 1 if index.numel() else self.next_slot
-        if top > len(self):
-            self._set_length(top)
-        self._set_next(last % self.capacity)
-
-    def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
-        cap = self.capacity
-        if type(index) is slice:  # the common case first: one run
-            lo, hi = index.start, index.stop
-            negative = (lo is not None and lo < 0) or (hi is not None and hi < 0)
-            start, stop, step = index.indices(len(self) if negative else cap)
-            if step != 1:
-                return self._write_target(torch.arange(start, stop, step), n)
-            stop = max(start, stop)
-            if stop - start != n:
-                raise ValueError(f"index: {stop - start} slots for a batch of {n} items")
-            return [slice(start, stop)]
-        if isinstance(index, list) and index and all(isinstance(s, slice) for s in index):
-            runs = []
-            for run in index:
-                start, stop, step = run.indices(cap)
-                if step != 1:
-                    return self._write_target(torch.arange(start, stop, step), n)
-                runs.append(slice(start, max(start, stop)))
-            count = sum(r.stop - r.start for r in runs)
-            if count != n:
-                raise ValueError(f"index: {count} slots for a batch of {n} items")
-            return runs
-        idx = as_index_tensor(index, cap, "storage", "capacity", negative_base=len(self))
-        if idx.numel() != n:
-            raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
-        return idx
-
-    def _ensure_layout(self, layout: Layout) -> None:
-        """Allocate for ``layout`` and fix it, unless a layout is fixed already."""
-        if self._layout is None:
-            self._allocate(layout)
-            self._layout = layout
-
-    def _current_layout(self) -> Layout | None:
-        return self._layout
-
-    #: Whether ``prepare`` turns sparse leaves dense (``False``: it refuses them).
-    _densify = True
-
-    def _payload_device(self) -> torch.device | None:
-        """Where ``prepare`` puts the leaves: the storage's device (``None``: anywhere)."""
-        return self._device
-
-    def _infer_layout(self, data: Any, batched: bool) -> Layout:
-        """The layout a first write gives (fixed-shape tensor leaves; storages may widen it)."""
-        return Layout.from_data(data, batched)
-
-    def _set_length(self, n: int) -> None:
-        self._length = n
-
-    def _set_next(self, slot: int) -> None:
-        self._next = slot
-
-    # --- hooks ---------------------------------------------------------------------------
-    @abstractmethod
-    def _allocate(self, layout: Layout) -> None:
-        """Allocate memory for ``capacity`` items of ``layout`` (called on the first write)."""
-
-    @abstractmethod
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        """Write a validated batch to contiguous runs or to a LongTensor of slots."""
-
-    @abstractmethod
-    def _write_one(self, index: int, payload: list[Any]) -> None:
-        """Write one validated item to slot ``index``."""
-
-    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
-        """The per-step path of writers: write one item at ``slot`` (in ``[0, capacity)``).
-
-        Storages with numpy views of their buffers take an item whose leaves already match
-        the layout (see ``rbdata/storages/_unpack.py``): ``check(slot, item)``, if given,
-        runs before anything is written. ``False``: nothing was done, the item goes through
-        :meth:`prepare` and :meth:`commit` (which validate, convert and raise). A
-        :attr:`shared` storage always says ``False``: its writers take slots under the lock.
-        """
-        del slot, item, check
-        return False
-
-    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
-        """:meth:`_add_fast` for a batch written at ring slots ``start, start + 1, ...``.
-
-        Returns the slots written (a ``LongTensor``), or ``None``: nothing was done.
-        """
-        del start, data, check
-        return None
-
-    @abstractmethod
-    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
-        """Return the items at in-range ``idx`` as one batch (and ``extra`` if dict-like)."""
-
-    @abstractmethod
-    def _get(self, index: int) -> Any:
-        """Return the item at in-range ``index``."""
-
     # --- persistence (for implementers): checkpoints, state dicts, ``rbdata inspect`` -----
     # Each storage class owns how it is saved and read back; rbdata.checkpoint, ``rbdata
     # inspect`` and the converters call these hooks and never look inside a storage. The
@@ -548,3 +407,144 @@ class Storage(Dataset[Any]):
             f"cannot checkpoint a {cls.__name__}: checkpoints know TensorStorage, "
             "MemmapStorage, ArrowStorage and ListStorage (and their subclasses)"
         )
+
+    # --- two-phase writes ----------------------------------------------------------------
+    def prepare(self, data: Any, batched: bool) -> Prepared:
+        """Validate ``data`` against the layout (inferring it on the first write).
+
+        Everything that can fail happens here, so that :meth:`commit` cannot fail half-way:
+        the payload is detached from autograd, dense, on :meth:`!_payload_device`, and holds
+        values the layout's dtypes keep (narrowing casts are checked value by value; the
+        write casts while it copies, which cannot fail then).
+
+        Raises:
+            ValueError: bad keys, shapes or values (see :meth:`!Layout.split`), or an empty
+                list of items.
+            TypeError: data of the wrong kind or dtype.
+        """
+        self._check_open()
+        layout = self._current_layout()
+        if batched and isinstance(data, (list, tuple)):
+            if not data:
+                raise ValueError(EMPTY_BATCH)
+            if is_structured(data[0]):
+                data = stack_items(data)
+        if layout is None:
+            layout = self._infer_layout(data, batched)
+        tensors, n = layout.split(data, batched, self._payload_device(), self._densify)
+        return Prepared(tensors, n, layout, batched)
+
+    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+        """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
+        self._check_open()
+        if prepared.layout is not None:
+            self._ensure_layout(prepared.layout)
+        if isinstance(index, int):
+            self._write_one(index, prepared.payload)
+            top = last = index + 1
+        elif isinstance(index, list):
+            self._write(index, prepared.payload)
+            top = index[0].stop if len(index) == 1 else max((r.stop for r in index), default=0)
+            last = index[-1].stop if index else self.next_slot
+        else:
+            self._write(index, prepared.payload)
+            top = int(index.max()) + 1 if index.numel() else 0
+            last = int(index[-1]) + 1 if index.numel() else self.next_slot
+        if top > len(self):
+            self._set_length(top)
+        self._set_next(last % self.capacity)
+
+    def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
+        cap = self.capacity
+        if type(index) is slice:  # the common case first: one run
+            lo, hi = index.start, index.stop
+            negative = (lo is not None and lo < 0) or (hi is not None and hi < 0)
+            start, stop, step = index.indices(len(self) if negative else cap)
+            if step != 1:
+                return self._write_target(torch.arange(start, stop, step), n)
+            stop = max(start, stop)
+            if stop - start != n:
+                raise ValueError(f"index: {stop - start} slots for a batch of {n} items")
+            return [slice(start, stop)]
+        if isinstance(index, list) and index and all(isinstance(s, slice) for s in index):
+            runs = []
+            for run in index:
+                start, stop, step = run.indices(cap)
+                if step != 1:
+                    return self._write_target(torch.arange(start, stop, step), n)
+                runs.append(slice(start, max(start, stop)))
+            count = sum(r.stop - r.start for r in runs)
+            if count != n:
+                raise ValueError(f"index: {count} slots for a batch of {n} items")
+            return runs
+        idx = as_index_tensor(index, cap, "storage", "capacity", negative_base=len(self))
+        if idx.numel() != n:
+            raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
+        return idx
+
+    def _ensure_layout(self, layout: Layout) -> None:
+        """Allocate for ``layout`` and fix it, unless a layout is fixed already."""
+        if self._layout is None:
+            self._allocate(layout)
+            self._layout = layout
+
+    def _current_layout(self) -> Layout | None:
+        return self._layout
+
+    #: Whether ``prepare`` turns sparse leaves dense (``False``: it refuses them).
+    _densify = True
+
+    def _payload_device(self) -> torch.device | None:
+        """Where ``prepare`` puts the leaves: the storage's device (``None``: anywhere)."""
+        return self._device
+
+    def _infer_layout(self, data: Any, batched: bool) -> Layout:
+        """The layout a first write gives (fixed-shape tensor leaves; storages may widen it)."""
+        return Layout.from_data(data, batched)
+
+    def _set_length(self, n: int) -> None:
+        self._length = n
+
+    def _set_next(self, slot: int) -> None:
+        self._next = slot
+
+    # --- hooks ---------------------------------------------------------------------------
+    @abstractmethod
+    def _allocate(self, layout: Layout) -> None:
+        """Allocate memory for ``capacity`` items of ``layout`` (called on the first write)."""
+
+    @abstractmethod
+    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+        """Write a validated batch to contiguous runs or to a LongTensor of slots."""
+
+    @abstractmethod
+    def _write_one(self, index: int, payload: list[Any]) -> None:
+        """Write one validated item to slot ``index``."""
+
+    def _add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """The per-step path of writers: write one item at ``slot`` (in ``[0, capacity)``).
+
+        Storages with numpy views of their buffers take an item whose leaves already match
+        the layout (see ``rbdata/storages/_unpack.py``): ``check(slot, item)``, if given,
+        runs before anything is written. ``False``: nothing was done, the item goes through
+        :meth:`prepare` and :meth:`commit` (which validate, convert and raise). A
+        :attr:`shared` storage always says ``False``: its writers take slots under the lock.
+        """
+        del slot, item, check
+        return False
+
+    def _extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """:meth:`_add_fast` for a batch written at ring slots ``start, start + 1, ...``.
+
+        Returns the slots written (a ``LongTensor``), or ``None``: nothing was done.
+        """
+        del start, data, check
+        return None
+
+    @abstractmethod
+    def _gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """Return the items at in-range ``idx`` as one batch (and ``extra`` if dict-like)."""
+
+    @abstractmethod
+    def _get(self, index: int) -> Any:
+        """Return the item at in-range ``index``."""
