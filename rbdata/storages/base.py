@@ -5,6 +5,13 @@ index normalisation); subclasses implement five small hooks over validated, norm
 Writes are two-phase: :meth:`Storage.prepare` validates and converts the data (nothing is
 touched), :meth:`Storage.commit` writes it. Writers use the two phases to learn the batch
 size before choosing slots; ``set`` is both in one call.
+
+A storage also owns its persistence: :meth:`Storage.dump`, :meth:`Storage.check_dump`,
+:meth:`Storage.restore`, :meth:`Storage.dump_state` / :meth:`Storage.from_state`,
+:meth:`Storage.copy_from` and :meth:`Storage.describe` are what checkpoints, ``rbdata
+inspect`` and :func:`~rbdata.storages.convert` call (with :meth:`Storage.empty_like`,
+:meth:`Storage.check_layout` and :attr:`Storage.block_rows`); they never look inside a
+storage. The defaults refuse, naming the class.
 """
 
 from __future__ import annotations
