@@ -15,8 +15,9 @@ from __future__ import annotations
 
 import math
 import os
+import reprlib
 import stat
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -24,55 +25,20 @@ import torch
 
 from rbdata._atomic import CURRENT, live_dir
 from rbdata._files import inside, open_nofollow
-from rbdata._layout import STRING, TENSOR, Layout
+from rbdata._layout import STRING, TENSOR
 from rbdata.checkpoint import _FORMAT, _META, _TENSORS, FORMAT_VERSION, component_class
 from rbdata.checkpoint._codec import MARK, check_table
-from rbdata.checkpoint._storage_checks import check_storage
-from rbdata.checkpoint._validate import check_int, read_checkpoint_meta
+from rbdata.checkpoint._storage_checks import DIR, check_storage
+from rbdata.checkpoint._validate import read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers._trees.sumtree import ROOT
 from rbdata.samplers.prioritized import PrioritizedSampler
-from rbdata.storages.arrow import storage as arrow
-from rbdata.storages.arrow._checks import check_meta as check_arrow_meta
-from rbdata.storages.arrow._checks import parse_meta
-from rbdata.storages.list import ListStorage
-from rbdata.storages.memmap._directory import (
-    HEADER_FILE,
-    JOURNAL_FILE,
-    LAYOUT_FILE,
-    bad_field,
-    check_meta,
-    read_layout,
-)
-from rbdata.storages.memmap._journal import Header
+from rbdata.storages import KeyInfo, Storage, StorageInfo, storage_kind, storage_kinds
 
 __all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
 
 _DATASET_FILE = "dataset.json"  # rbdata.datasets._cache.DATASET_FILE (imported lazily)
 _MAX_LIST = 16  # longer lists of a component's state are shown by their length
-_REPLAY = "replayed by the next open; the counts above are before it"
-
-
-@dataclass(frozen=True)
-class KeyInfo:
-    """One stored key: its path, per-item shape, dtype and kind (tensor, ragged, string)."""
-
-    key: tuple[str, ...]
-    shape: tuple[int, ...]
-    dtype: str
-    kind: str = TENSOR
-
-
-@dataclass(frozen=True)
-class StorageInfo:
-    """Counts and layout of a storage: ``format`` is ``"memmap"``, ``"arrow"`` or ``"list"``."""
-
-    format: str
-    capacity: int
-    length: int
-    next_slot: int
-    keys: tuple[KeyInfo, ...]
-    details: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -135,15 +101,16 @@ def inspect_path(path: str | os.PathLike[str]) -> Summary:
     elif _DATASET_FILE in names:
         kind = "dataset"
         info, storage_class, extra, problems = _dataset(root)
-    elif LAYOUT_FILE in names or arrow._META_FILE in names:
-        kind = "memmap" if LAYOUT_FILE in names else "arrow"
-        info, problems = (_memmap_dir if kind == "memmap" else _arrow_dir)(root)
-        storage_class, extra = ("MemmapStorage" if kind == "memmap" else "ArrowStorage"), None
+    elif (cls := storage_kind(names=names)) is not None:
+        kind = cls.kind or ""
+        info, problems = cls.describe(root)
+        storage_class, extra = cls.__name__, None
     else:
         what = "an empty directory" if not names else "a directory"
+        markers = " or ".join(str(c.marker_file) for c in storage_kinds().values())
         raise ValueError(
             f"{str(root)!r} is {what}, not a storage directory or checkpoint (no {CURRENT}, "
-            f"{_META}, {_DATASET_FILE}, {LAYOUT_FILE} or {arrow._META_FILE})"
+            f"{_META}, {_DATASET_FILE}, {markers})"
         )
     where = (extra if kind == "checkpoint" else None, extra if kind == "dataset" else None)
     path = os.path.abspath(root)
@@ -151,72 +118,8 @@ def inspect_path(path: str | os.PathLike[str]) -> Summary:
 
 
 # --- storage directories ---------------------------------------------------------------------
-def _keys(layout: Layout | None) -> tuple[KeyInfo, ...]:
-    if layout is None:
-        return ()
-    return tuple(
-        KeyInfo(leaf.key, leaf.shape, str(leaf.dtype).removeprefix("torch."), leaf.kind)
-        for leaf in layout.leaves
-    )
-
-
-def _regular_size(path: Path) -> int | None:
-    """The size of ``path`` if it is a regular file (not a symlink), else ``None``."""
-    try:
-        st = os.lstat(path)
-    except FileNotFoundError:
-        return None
-    return st.st_size if stat.S_ISREG(st.st_mode) else None
-
-
-def _memmap_dir(root: Path) -> tuple[StorageInfo, list[str]]:
-    """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
-    capacity, layout, files = check_meta(root, read_layout(root))
-    header = Header(inside(root, HEADER_FILE), create=False, private=True)
-    length, nxt = header.first
-    header.close()
-    file = root / HEADER_FILE
-    if not 0 <= length <= capacity or (layout is None and length):
-        raise bad_field(file, "length", length, f"in [0, {capacity}] with a layout")
-    if not 0 <= nxt < capacity or nxt > length:
-        raise bad_field(file, "next", nxt, f"in [0, {capacity}) and at most the length")
-    problems = []
-    for leaf, path in zip(layout.leaves if layout else (), files, strict=True):
-        expected, size = capacity * leaf.numel * leaf.dtype.itemsize, _regular_size(path)
-        if size != expected:
-            got = "missing or not a regular file" if size is None else f"{size} bytes"
-            problems.append(f"{path.name}: {got}, expected {expected} for key {leaf.name}")
-    details: dict[str, Any] = {}
-    journal = inside(root, JOURNAL_FILE)
-    if _regular_size(journal):
-        with open_nofollow(journal, "rb") as f:  # the head's commit word: 0 means empty
-            committed = int.from_bytes(f.read(16)[8:], "little") != 0
-        if committed:
-            details["journal"] = f"a committed write not yet in the files ({_REPLAY})"
-    return StorageInfo("memmap", capacity, length, nxt, _keys(layout), details), problems
-
-
-def _arrow_dir(root: Path) -> tuple[StorageInfo, list[str]]:
-    """``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk files by size."""
-    file = inside(root, arrow._META_FILE, "metadata file")
-    if not file.is_file():
-        raise FileNotFoundError(f"{str(root)!r} is not an ArrowStorage: no {arrow._META_FILE}")
-    with open_nofollow(file, "rb") as f:
-        if os.fstat(f.fileno()).st_size > arrow._MAX_META_BYTES:
-            raise ValueError(f"{file}: too large for a metadata file")
-        meta = check_arrow_meta(parse_meta(f.read(), file), file, arrow._FORMAT, arrow._VERSION)
-    length, chunk = meta["length"], meta["chunk_size"]
-    problems = [
-        f"{arrow._chunk_file(k)}: missing; the metadata says {min(chunk, length - k * chunk)} rows"
-        for k in range(-(-length // chunk))
-        if _regular_size(inside(root, arrow._chunk_file(k), "chunk file")) is None
-    ]
-    details: dict[str, Any] = {"chunk_size": chunk}
-    journal = _regular_size(inside(root, "_journal.bin"))
-    if journal:
-        details["journal"] = f"{journal} bytes of writes since the last flush ({_REPLAY})"
-    keys = _keys(meta["layout"])
-    return StorageInfo("arrow", meta["capacity"], length, meta["next"], keys, details), problems
+def _bad_field(file: Path, field: str, value: Any, expected: str) -> ValueError:
+    return ValueError(f"{file}: field {field!r} is {reprlib.repr(value)}, expected {expected}")
 
 
 def _tree_size(root: Path) -> tuple[int, int]:
@@ -246,15 +149,14 @@ def _checkpoint(root: Path, pointer: bool) -> tuple[StorageInfo, str, dict[str, 
     storage_class = entry["class"]
     cls = component_class(storage_class, "storage")
     check_storage(cls, entry["config"], entry["state"], live)  # what loads checks first
-    if issubclass(cls, ListStorage):
-        info = _list_state(entry["config"], entry["state"], file)
-    else:
-        fmt = "arrow" if issubclass(cls, arrow.ArrowStorage) else "memmap"  # tensors: memmap dir
-        try:
-            info, more = (_memmap_dir if fmt == "memmap" else _arrow_dir)(live / "storage")
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
-        problems += more
+    storage_cls: type[Storage] = cls
+    try:  # the storage class reads what its own dump wrote (metadata only)
+        info, more = storage_cls.describe(live / DIR, entry["config"], entry["state"], file)
+    except CheckpointError:
+        raise
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    problems += more
     extra: dict[str, Any] = {
         "live": live.name,
         "batch_size": meta["batch_size"],
@@ -263,21 +165,6 @@ def _checkpoint(root: Path, pointer: bool) -> tuple[StorageInfo, str, dict[str, 
     for kind in ("sampler", "writer"):
         extra[kind] = _component(meta[kind], kind, live, table)
     return info, storage_class, extra, problems
-
-
-def _list_state(config: dict[str, Any], state: Any, file: Path) -> StorageInfo:
-    capacity = check_int(config.get("max_size"), file, "storage.config.max_size", 1)
-    if not isinstance(state, dict):
-        raise CheckpointError(f"{file}: field 'storage.state' must be an object")
-    length = check_int(state.get("length"), file, "storage.state.length", 0, capacity)
-    nxt = check_int(state.get("next"), file, "storage.state.next", 0, capacity - 1)
-    layout = None
-    if "layout" in state:
-        try:
-            layout = Layout.from_json(state["layout"])
-        except (KeyError, TypeError, ValueError, AttributeError) as err:
-            raise CheckpointError(f"{file}: field 'storage.state.layout': {err}") from None
-    return StorageInfo("list", capacity, length, nxt, _keys(layout))
 
 
 def _component(entry: dict[str, Any], kind: str, live: Path, table: list[Any]) -> dict[str, Any]:
@@ -345,20 +232,21 @@ def _dataset(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
     meta = read_entry(root)
     file = root / _DATASET_FILE
     backend = meta.get("backend")
-    if backend not in ("memmap", "arrow"):
-        raise bad_field(file, "backend", backend, "'memmap' or 'arrow'")
+    cls = storage_kind(backend) if isinstance(backend, str) else None
+    if cls is None:
+        kinds = " or ".join(repr(kind) for kind in storage_kinds())
+        raise _bad_field(file, "backend", backend, kinds)
     storage = inside(root, STORAGE_DIR, "storage directory")
     if not storage.is_dir():
         raise FileNotFoundError(f"{str(root)!r}: a dataset entry without its {STORAGE_DIR}/")
-    info, problems = (_memmap_dir if backend == "memmap" else _arrow_dir)(storage)
+    info, problems = cls.describe(storage)
     extra = {k: meta.get(k) for k in ("family", "id", "backend", "transitions", "episodes")}
     if extra["transitions"] != info.length:
         problems.append(
             f"{_DATASET_FILE} says {extra['transitions']!r} transitions, the storage holds "
             f"{info.length}"
         )
-    storage_class = "MemmapStorage" if backend == "memmap" else "ArrowStorage"
-    return info, storage_class, extra, problems
+    return info, cls.__name__, extra, problems
 
 
 # --- text report ---------------------------------------------------------------------------

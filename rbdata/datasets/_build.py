@@ -101,5 +101,4 @@ def write_blocks(
                 if isinstance(writer, DirectoryWriter):
                     writer.abort()
                 else:
-                    writer._finalizer = None
-                    writer._closed = True
+                    writer.abort()

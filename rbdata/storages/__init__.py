@@ -1,7 +1,14 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
+from rbdata.storages._describe import (
+    KeyInfo,
+    StorageInfo,
+    register_kind,
+    storage_kind,
+    storage_kinds,
+)
 from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.base import Codec, Prepared, Storage
 from rbdata.storages.convert import convert
 from rbdata.storages.list import ListStorage
 from rbdata.storages.memmap import MemmapStorage
@@ -9,10 +16,19 @@ from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "ArrowStorage",
+    "Codec",
+    "KeyInfo",
     "ListStorage",
     "MemmapStorage",
     "Prepared",
     "Storage",
+    "StorageInfo",
     "TensorStorage",
     "convert",
+    "storage_kind",
+    "storage_kinds",
 ]
+
+# the on-disk kinds, in the order ``rbdata inspect`` recognises their directories
+register_kind(MemmapStorage)
+register_kind(ArrowStorage)

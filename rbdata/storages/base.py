@@ -5,15 +5,24 @@ index normalisation); subclasses implement five small hooks over validated, norm
 Writes are two-phase: :meth:`Storage.prepare` validates and converts the data (nothing is
 touched), :meth:`Storage.commit` writes it. Writers use the two phases to learn the batch
 size before choosing slots; ``set`` is both in one call.
+
+A storage also owns its persistence: :meth:`Storage.dump`, :meth:`Storage.check_dump`,
+:meth:`Storage.restore`, :meth:`Storage.dump_state` / :meth:`Storage.from_state`,
+:meth:`Storage.copy_from` and :meth:`Storage.describe` are what checkpoints, ``rbdata
+inspect`` and :func:`~rbdata.storages.convert` call (with :meth:`Storage.empty_like`,
+:meth:`Storage.check_layout` and :attr:`Storage.block_rows`); they never look inside a
+storage. The defaults refuse, naming the class.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from abc import abstractmethod
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
 
 import torch
 from torch.utils.data import Dataset
@@ -22,9 +31,11 @@ from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capac
 from rbdata._layout import Layout
 from rbdata._layout_keys import is_structured
 from rbdata._layout_values import EMPTY_BATCH, stack_items
+from rbdata.errors import CheckpointError
 from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
+from rbdata.storages._describe import StorageInfo
 
-__all__ = ["Prepared", "Storage", "WriteIndex"]
+__all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
@@ -74,6 +85,21 @@ class Prepared:
         return Prepared(payload, int(idx.numel()), self.layout, True)
 
 
+class Codec(Protocol):
+    """The pickle-free encoding that checkpoints lend to a storage's persistence hooks.
+
+    ``encode`` turns a value (nested containers, numbers, strings, tensors...) into JSON,
+    appending its tensors to ``tensors``; ``decode`` does the reverse and checks what it
+    reads. ``where`` names the value in error messages. See :mod:`rbdata.checkpoint`.
+    """
+
+    def encode(self, obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
+        """``obj`` as JSON, its tensors appended to ``tensors``."""
+
+    def decode(self, obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
+        """The value that ``encode`` turned into ``obj`` (checked)."""
+
+
 class Storage(Dataset[Any]):
     """Base class of all storages: a fixed-capacity, map-style dataset of items.
 
@@ -100,6 +126,11 @@ class Storage(Dataset[Any]):
 
     #: Set by ``close()`` of storages that can be closed; every public method then raises.
     _closed: bool = False
+    #: The name of this class's on-disk directory format (``rbdata inspect``, dataset
+    #: entries), for classes that own one; ``None`` otherwise.
+    kind: ClassVar[str | None] = None
+    #: The metadata file that marks a directory of :attr:`kind` (``None``: no format).
+    marker_file: ClassVar[str | None] = None
 
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         self._capacity = check_capacity(max_size)
@@ -241,6 +272,166 @@ class Storage(Dataset[Any]):
         self._check_open()
         self._set_length(0)
         self._set_next(0)
+
+    # --- persistence (for implementers): checkpoints, state dicts, ``rbdata inspect`` -----
+    # Each storage class owns how it is saved and read back; rbdata.checkpoint, ``rbdata
+    # inspect`` and the converters call these hooks and never look inside a storage. The
+    # defaults refuse: a storage class is checkpointable once it implements them.
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """Save this storage into a checkpoint: files under ``directory``, or a JSON state.
+
+        Args:
+            directory: where the storage's files go (not created yet; a storage that keeps
+                its data in the returned state creates nothing).
+            codec: encodes values that are not JSON (tensors go to ``tensors``).
+            tensors: the checkpoint's tensor list (saved with it).
+            fsync: fsync every file written.
+
+        Returns:
+            The JSON state that :meth:`check_dump` and :meth:`restore` read back, and the
+            checksum entries of the files written (names relative to ``directory``).
+
+        Raises:
+            TypeError: if this class cannot be checkpointed.
+        """
+        raise self._not_persisted()
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """Check what :meth:`dump` wrote before anything is allocated, mapped or copied.
+
+        Every count, size and file name is checked against the metadata and the files
+        present (plain files inside ``directory``, no symlink). ``meta_file`` (the
+        checkpoint's metadata file) starts the messages about fields of ``config`` and
+        ``state``.
+
+        Returns:
+            A plan for :meth:`restore`: a tuple whose first item is the capacity.
+
+        Raises:
+            rbdata.errors.CheckpointError: naming the file and the field that is wrong.
+        """
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> Storage:
+        """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned ``plan``).
+
+        The new storage never writes into ``directory``: it maps it copy-on-write or copies
+        it. ``tensors`` are the checkpoint's, for ``codec`` to decode the state.
+
+        Raises:
+            rbdata.errors.CheckpointError: if the data contradicts the metadata.
+        """
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """This storage as tensors and plain values (``torch.load(weights_only=True)``-able).
+
+        What :meth:`from_state` rebuilds it from (``ReplayBuffer.state_dict``).
+        """
+        raise self._not_persisted()
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> Storage:
+        """Rebuild a storage from :meth:`dump_state` (in memory, or a directory of its own)."""
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    def copy_from(self, src: Storage) -> None:
+        """Make this storage hold exactly what ``src`` (same class and capacity) holds.
+
+        Slot by slot, with the same length and next slot; what this storage held is gone.
+        The default copies the rows through :meth:`set`, :attr:`block_rows` of ``src`` at a
+        time (65536 if it has no preference).
+        """
+        from rbdata.storages.convert import copy_rows
+
+        n = len(src)
+        self.clear()
+        copy_rows(src, self, n, src.block_rows or 1 << 16)
+        self._set_length(n)
+        self._set_next(src.next_slot)
+
+    # --- conversion between on-disk formats (for implementers; see convert) -------------
+    @property
+    def block_rows(self) -> int | None:
+        """The rows a bulk copy should read or write at once (``None``: no preference)."""
+        return None
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse, before anything is created, a layout this class cannot store.
+
+        Raises:
+            TypeError: naming the key and what it holds (the default accepts any layout).
+        """
+
+    @classmethod
+    def empty_like(
+        cls, src: Storage, path: str | os.PathLike[str] | None = None, block_rows: int | None = None
+    ) -> Storage:
+        """A new, empty storage of this class to copy ``src`` into (its capacity, at ``path``).
+
+        Options of ``src`` that this class shares are kept (an Arrow storage's chunk size
+        and ragged keys); ``block_rows``, if given, is the rows per chunk of the new storage.
+
+        Raises:
+            TypeError: if this class cannot be a copy's destination.
+        """
+        raise TypeError(f"{cls.__name__} cannot be made from another storage")
+
+    def flush(self) -> None:
+        """Write every item to the storage's files, durably (nothing to do in memory)."""
+        self._check_open()
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """What a dumped storage holds, from its metadata only (``rbdata inspect``).
+
+        Data files are never opened or mapped, only their sizes taken; no symlink is
+        followed; nothing is written.
+
+        Args:
+            directory: the storage's directory (a storage directory of :attr:`kind`, or
+                the directory that :meth:`dump` wrote).
+            config: the constructor config saved with a checkpoint, if any.
+            state: the state that :meth:`dump` returned, if any.
+            meta_file: the checkpoint's metadata file, for messages.
+
+        Returns:
+            The summary, and the problems found (missing or mis-sized files) that do not
+            stop the metadata from being read.
+
+        Raises:
+            ValueError: if the metadata itself is unreadable or corrupt (a
+                :class:`~rbdata.errors.CheckpointError` for a checkpoint's).
+        """
+        raise CheckpointError(f"no description rule for storage class {cls.__name__}")
+
+    @classmethod
+    def _not_persisted(cls) -> TypeError:
+        return TypeError(
+            f"cannot checkpoint a {cls.__name__}: checkpoints know TensorStorage, "
+            "MemmapStorage, ArrowStorage and ListStorage (and their subclasses)"
+        )
 
     # --- two-phase writes ----------------------------------------------------------------
     def prepare(self, data: Any, batched: bool) -> Prepared:

@@ -13,12 +13,13 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import torch
 
 from rbdata._layout import RAGGED, STRING, TENSOR, Layout
-from rbdata.storages.arrow.storage import _TORCH_TO_NUMPY, ArrowStorage
+from rbdata.storages._describe import storage_kind, storage_kinds
+from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
@@ -30,35 +31,17 @@ _DEFAULT_ROWS = 1 << 16
 _DEFAULT_BYTES = 1 << 28
 
 
-def _destination_class(dst_kind: Any) -> type[MemmapStorage] | type[ArrowStorage]:
+def _destination_class(dst_kind: Any) -> type[Storage]:
+    """The registered on-disk kind named ``dst_kind``, or a subclass of one."""
+    kinds = storage_kinds()
     if isinstance(dst_kind, type):
-        if issubclass(dst_kind, (MemmapStorage, ArrowStorage)):
+        if any(issubclass(dst_kind, cls) for cls in kinds.values()):
             return dst_kind
-    elif dst_kind == "memmap":
-        return MemmapStorage
-    elif dst_kind == "arrow":
-        return ArrowStorage
-    raise ValueError(
-        f"dst_kind must be 'memmap', 'arrow', MemmapStorage or ArrowStorage, got {dst_kind!r}"
-    )
-
-
-def _check_layout(layout: Layout | None, cls: type[Storage]) -> None:
-    """Refuse, before anything is created, a layout the destination cannot hold."""
-    if layout is None:
-        return
-    for leaf in layout.leaves:
-        if issubclass(cls, MemmapStorage) and leaf.kind != TENSOR:
-            what = "strings" if leaf.kind == STRING else "variable-length (ragged) tensors"
-            raise TypeError(
-                f"key {leaf.name}: MemmapStorage keeps fixed-shape tensors only, this key "
-                f"holds {what}; convert to 'arrow' instead"
-            )
-        if issubclass(cls, ArrowStorage) and leaf.dtype not in _TORCH_TO_NUMPY:
-            raise TypeError(
-                f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
-                f"supported: {', '.join(str(d)[6:] for d in _TORCH_TO_NUMPY)}"
-            )
+    elif isinstance(dst_kind, str) and (cls := storage_kind(dst_kind)) is not None:
+        return cls
+    names = ", ".join(f"{kind!r}" for kind in kinds)
+    classes = " or ".join(cls.__name__ for cls in kinds.values())
+    raise ValueError(f"dst_kind must be {names}, {classes}, got {dst_kind!r}")
 
 
 def _block(layout: Layout, batch: Any) -> Any:
@@ -97,10 +80,10 @@ def _check_chunk_size(chunk_size: int | None) -> None:
 def _block_rows(chunk_size: int | None, src: Storage, dst: Storage, layout: Layout) -> int:
     if chunk_size is not None:
         return chunk_size
-    if isinstance(dst, ArrowStorage):  # one destination chunk file per block
-        return dst.chunk_size
-    if isinstance(src, ArrowStorage):  # one source chunk per block
-        return src.chunk_size
+    # one destination chunk file per block, else one source chunk per block
+    preferred = dst.block_rows or src.block_rows
+    if preferred is not None:
+        return preferred
     return max(1, min(_DEFAULT_ROWS, _DEFAULT_BYTES // max(1, layout.item_nbytes)))
 
 
@@ -115,9 +98,9 @@ def convert(
 
     The destination has the source's capacity, layout, items (slot by slot), length and
     :attr:`~rbdata.storages.Storage.next_slot`. Reads take at most ``chunk_size`` slots at a
-    time, so the source is never loaded whole; an :class:`ArrowStorage` destination is
-    flushed at the end (its files are then plain Arrow, and
-    :meth:`ArrowStorage.open` reopens them). The source is only read. An empty source gives an
+    time, so the source is never loaded whole; the destination is flushed at the end (the
+    files of an :class:`ArrowStorage` are then plain Arrow, and :meth:`ArrowStorage.open`
+    reopens them). The source is only read. An empty source gives an
     empty destination without a layout (its first write fixes one).
 
     Args:
@@ -172,20 +155,13 @@ def convert(
     cls = _destination_class(dst_kind)
     length, next_slot = len(src), src.next_slot
     layout = src.layout
-    _check_layout(layout, cls)
+    if layout is not None:  # refused before anything is created
+        cls.check_layout(layout)
     _check_chunk_size(chunk_size)
 
     root = None if path is None else Path(path)
     existed = root is not None and root.exists()
-    dst: MemmapStorage | ArrowStorage
-    if issubclass(cls, ArrowStorage):
-        file_rows = chunk_size
-        if file_rows is None and isinstance(src, ArrowStorage):
-            file_rows = src.chunk_size
-        ragged = src._ragged if isinstance(src, ArrowStorage) else ()
-        dst = cls(src.capacity, path=path, chunk_size=file_rows, ragged=ragged)
-    else:
-        dst = cls(src.capacity, path=path)
+    dst = cast("MemmapStorage | ArrowStorage", cls.empty_like(src, path, block_rows=chunk_size))
     try:
         if layout is not None and length:
             copy_rows(src, dst, length, _block_rows(chunk_size, src, dst, layout))
@@ -193,8 +169,7 @@ def convert(
                 raise RuntimeError(f"converted layout {dst.layout} differs from {layout}")
         # the writes above filled slots [0, length): the length is the source's already
         dst._set_next(next_slot)
-        if isinstance(dst, ArrowStorage):
-            dst.flush()
+        dst.flush()
     except BaseException:
         with contextlib.suppress(Exception):
             dst.close()

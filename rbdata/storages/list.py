@@ -3,14 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import torch
 from torch.utils.data import default_collate
 
+from rbdata._checked import check_int
 from rbdata._layout import Layout
 from rbdata._layout_keys import is_structured
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages import _list_persist
+from rbdata.storages._describe import StorageInfo
+from rbdata.storages.base import Codec, Prepared, Storage
 
 __all__ = ["ListStorage"]
 
@@ -174,3 +178,63 @@ class ListStorage(Storage):
         super().clear()
         self._items = []
         self._item_device = None
+
+    # --- persistence: the items go into the checkpoint's JSON state (_list_persist.py) ------
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """The items as a JSON state (tensors in ``tensors``); no file is written."""
+        return _list_persist.list_state(self, codec, tensors), {}
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """The capacity saved in ``config`` (the items are checked when restored)."""
+        capacity = check_int(config.get("max_size"), f"{meta_file}", "storage.config.max_size", 1)
+        return capacity, []
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> ListStorage:
+        """A new storage holding the items of the state."""
+        return _list_persist.restore_list(cls, config, state, codec, tensors)
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """``{"json": the JSON state, "tensors": its tensors}``."""
+        tensors: list[torch.Tensor] = []
+        return {"json": _list_persist.list_state(self, codec, tensors), "tensors": tensors}
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> ListStorage:
+        """A new storage holding the items of the state."""
+        return _list_persist.restore_list(cls, config, state["json"], codec, list(state["tensors"]))
+
+    def copy_from(self, src: Storage) -> None:
+        """The items of another ``ListStorage`` (the same objects), else rows as the base."""
+        if not isinstance(src, ListStorage):
+            super().copy_from(src)
+            return
+        self.clear()
+        self._items, self._objects, self._layout = list(src._items), src._objects, src._layout
+        self._set_length(len(src))
+        self._set_next(src.next_slot)
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """Counts and keys of the JSON state saved in a checkpoint (``directory`` unread)."""
+        file = meta_file if meta_file is not None else directory
+        return _list_persist.describe_state(config or {}, state, file), []

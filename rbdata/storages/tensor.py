@@ -3,16 +3,20 @@
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 
 from rbdata._device import resolve_device
-from rbdata._layout import Layout
+from rbdata._layout import STRING, TENSOR, Layout
 from rbdata.storages import _memory
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.base import Codec, Prepared, Storage
+
+if TYPE_CHECKING:
+    from rbdata.storages._describe import StorageInfo
 
 __all__ = ["TensorStorage"]
 
@@ -335,3 +339,82 @@ class TensorStorage(Storage):
         layout = self._layout
         assert layout is not None  # len() > 0 implies a layout
         return layout.assemble([buf[index] for buf in self._tensors()], torch.Size(), self.device)
+
+    # --- persistence: a MemmapStorage directory (rbdata/storages/memmap/_persist.py) --------
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """Write a :class:`~rbdata.storages.MemmapStorage` directory: whole arrays."""
+        from rbdata.storages.memmap import _persist
+
+        return _persist.dump_tensors(self, directory, fsync)
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """Check ``layout.json``, the header and every leaf file's size."""
+        from rbdata.storages.memmap import _persist
+
+        return _persist.check_dumped(cls, directory, config, state)
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> TensorStorage:
+        """The files mapped copy-on-write; a CUDA storage copies them to its device."""
+        from rbdata.storages.memmap import _persist
+
+        return _persist.restore_tensors(cls, directory, config)
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """The counts, the layout and CPU copies of the filled rows of every leaf."""
+        from rbdata.storages.memmap import _persist
+
+        return _persist.tensor_state(self)
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> TensorStorage:
+        """A new storage filled from :meth:`dump_state`."""
+        from rbdata.storages.memmap import _persist
+
+        return _persist.tensors_from_state(cls, config, state)
+
+    def copy_from(self, src: Storage) -> None:
+        """Buffer to buffer from another tensor storage (any device), else rows as the base."""
+        if not isinstance(src, TensorStorage):
+            super().copy_from(src)
+            return
+        from rbdata.storages.memmap import _persist
+
+        _persist.copy_tensors(self, src)
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse variable-length (ragged) and string leaves: buffers are fixed-shape."""
+        for leaf in layout.leaves:
+            if leaf.kind != TENSOR:
+                what = "strings" if leaf.kind == STRING else "variable-length (ragged) tensors"
+                raise TypeError(
+                    f"key {leaf.name}: {cls.__name__} keeps fixed-shape tensors only, this key "
+                    f"holds {what}; convert to 'arrow' instead"
+                )
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """``layout.json`` and the header of the dumped directory; leaf files by size."""
+        from rbdata.storages.memmap import _persist
+
+        return _persist.describe_dir(directory)

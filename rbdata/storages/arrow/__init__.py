@@ -4,7 +4,9 @@
 - ``_lifecycle``: opening, finalizing and closing the directory;
 - ``_journal``: the write journal of a storage being filled;
 - ``_items``: converting items (ragged leaves, strings) to and from Arrow arrays;
-- ``_checks``: the on-disk format checks shared with checkpoints and ``rbdata inspect``.
+- ``_checks``: the on-disk format checks (of ``open``, and of the persistence hooks);
+- ``_persist``: the persistence hooks (checkpoint dump / restore, ``describe`` for
+  ``rbdata inspect``, conversion).
 """
 
 from rbdata.storages.arrow.storage import ArrowStorage

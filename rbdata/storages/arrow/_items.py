@@ -11,14 +11,23 @@ from __future__ import annotations
 from collections.abc import Collection, Mapping, Sequence
 from typing import Any
 
+import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from rbdata._layout import Key, flatten, nest
+from rbdata._layout import Key, Leaf, flatten, nest
 from rbdata._layout_keys import key_name, non_tensor_value
 from rbdata._layout_values import EMPTY_BATCH, explain_items, to_tensor
+from rbdata.storages.arrow._checks import TORCH_TO_NUMPY
 
-__all__ = ["is_item_list", "stack_variable_items"]
+__all__ = [
+    "fixed_array",
+    "is_item_list",
+    "owned_row",
+    "ragged_array",
+    "ragged_rows",
+    "stack_variable_items",
+]
 
 
 def is_item_list(data: Any) -> bool:
@@ -78,3 +87,49 @@ def stack_variable_items(items: Sequence[Any], ragged: Collection[Key]) -> dict[
                 )
         pairs.append((key, torch.stack(tensors)))
     return nest(pairs)
+
+
+# --- Arrow arrays of stored rows ---------------------------------------------------------------
+def owned_row(t: torch.Tensor) -> np.ndarray:
+    """A ragged row the storage owns: a fresh copy, read-only like a sealed chunk's rows."""
+    array = t.numpy()
+    array.flags.writeable = False
+    return array
+
+
+def ragged_rows(pa: Any, column: Any, leaf: Leaf) -> list[np.ndarray]:
+    """The rows of a ``list<...>`` column as arrays ``[L_i, *shape]``."""
+    lengths = pa.compute.list_value_length(column).fill_null(0).to_numpy()
+    flat = column.flatten()
+    if leaf.shape:
+        flat = flat.flatten()
+    values = flat.to_numpy(zero_copy_only=False).reshape(-1, *leaf.shape)
+    return np.split(values, np.cumsum(lengths)[:-1])
+
+
+def fixed_array(pa: Any, values: np.ndarray, leaf: Leaf) -> Any:
+    """A fixed-shape leaf's rows as a primitive or ``fixed_size_list`` Arrow array."""
+    flat_values = np.ascontiguousarray(values).reshape(-1)
+    if leaf.dtype is torch.bool:  # uint8 0/1 (field metadata rbdata.dtype=bool): zero-copy
+        flat_values = flat_values.view(np.uint8)
+    flat = pa.array(flat_values)
+    if not leaf.shape:
+        return flat
+    return pa.FixedSizeListArray.from_arrays(flat, leaf.numel)
+
+
+def ragged_array(pa: Any, items: list[np.ndarray], leaf: Leaf) -> Any:
+    """Ragged rows ``[L_i, *shape]`` as a ``list<...>`` Arrow array."""
+    lengths = np.array([len(v) for v in items], dtype=np.int64)
+    offsets = np.zeros(len(items) + 1, dtype=np.int32)
+    np.cumsum(lengths, out=offsets[1:])
+    dtype = TORCH_TO_NUMPY[leaf.dtype]
+    values = (
+        np.concatenate([np.asarray(v, dtype=dtype).reshape(-1) for v in items])
+        if items
+        else np.zeros(0, dtype)
+    )
+    inner = pa.array(values)
+    if leaf.shape:
+        inner = pa.FixedSizeListArray.from_arrays(inner, leaf.numel)
+    return pa.ListArray.from_arrays(pa.array(offsets), inner)

@@ -78,16 +78,24 @@ from rbdata.storages.arrow._checks import (
     check_views,
     parse_meta,
 )
-from rbdata.storages.arrow._items import is_item_list, stack_variable_items
+from rbdata.storages.arrow._items import (
+    fixed_array,
+    is_item_list,
+    owned_row,
+    ragged_array,
+    ragged_rows,
+    stack_variable_items,
+)
 from rbdata.storages.arrow._journal import JOURNAL_FILE, Journal, read_journal
 from rbdata.storages.arrow._lifecycle import flush_when_dropped
+from rbdata.storages.arrow._persist import META_FILE as _META_FILE
+from rbdata.storages.arrow._persist import ArrowFiles
 from rbdata.storages.base import Prepared, Storage
 
 __all__ = ["ArrowStorage"]
 
 _FORMAT = "rbdata.arrow"
 _VERSION = 1
-_META_FILE = "_rbdata.json"
 _DEFAULT_CHUNK = 1 << 16
 
 _MAX_META_BYTES = 1 << 24  # a metadata file is a few KiB
@@ -194,7 +202,7 @@ class _Chunk:
         return self.batch is None
 
 
-class ArrowStorage(Storage):
+class ArrowStorage(ArrowFiles):
     """Items in memory-mapped Arrow IPC chunk files; keeps variable-length fields and strings.
 
     Args:
@@ -563,7 +571,7 @@ class ArrowStorage(Storage):
         taken = c.batch.column(self._variable[j]).take(pa.array(rows))
         if leaf.kind == STRING:
             return [s if s is not None else "" for s in taken.to_pylist()]
-        return _ragged_rows(pa, taken, leaf)
+        return ragged_rows(pa, taken, leaf)
 
     # --- writing -------------------------------------------------------------------------
     def prepare(self, data: Any, batched: bool) -> Prepared:
@@ -669,7 +677,7 @@ class ArrowStorage(Storage):
                 if leaf.kind == STRING:
                     columns.append(pa.array(values, pa.string()))
                 else:
-                    columns.append(_ragged_array(pa, values, leaf))
+                    columns.append(ragged_array(pa, values, leaf))
                 names.append(str(pos))
             batch = pa.RecordBatch.from_arrays(columns, names=names)
             sink = pa.BufferOutputStream()
@@ -707,12 +715,12 @@ class ArrowStorage(Storage):
             for j, pos in enumerate(self._variable):
                 leaf = layout.leaves[pos]
                 column = batch.column(j)
-                if len(column) != n or not column.type.equals(_arrow_type(pa, leaf)):
+                if len(column) != n or not column.type.equals(arrow_type(pa, leaf)):
                     raise ValueError(f"{where}: a record's column {leaf.name} does not fit")
                 if leaf.kind == STRING:
                     payload[pos] = [s if s is not None else "" for s in column.to_pylist()]
                 else:
-                    rows = _ragged_rows(pa, column, leaf)
+                    rows = ragged_rows(pa, column, leaf)
                     payload[pos] = [torch.from_numpy(np.array(r)) for r in rows]
         return torch.from_numpy(slots), payload
 
@@ -800,7 +808,7 @@ class ArrowStorage(Storage):
         leaf = self._layout.leaves[pos]  # type: ignore[union-attr]
         if leaf.kind == RAGGED:  # copies: the storage owns its rows, never the caller's
             return [
-                _owned(v.detach().to(device="cpu", dtype=leaf.dtype, copy=True)) for v in values
+                owned_row(v.detach().to(device="cpu", dtype=leaf.dtype, copy=True)) for v in values
             ]
         return list(values)  # str: immutable
 
@@ -832,11 +840,11 @@ class ArrowStorage(Storage):
         fixed_iter, variable_iter = iter(chunk.fixed), iter(chunk.variable)
         for leaf in layout.leaves:
             if leaf.kind == TENSOR:
-                array = _fixed_array(pa, next(fixed_iter)[:rows], leaf)
+                array = fixed_array(pa, next(fixed_iter)[:rows], leaf)
             elif leaf.kind == STRING:
                 array = pa.array(next(variable_iter)[:rows], pa.string())
             else:
-                array = _ragged_array(pa, next(variable_iter)[:rows], leaf)
+                array = ragged_array(pa, next(variable_iter)[:rows], leaf)
             meta = {
                 "rbdata.shape": json.dumps(list(leaf.shape)),
                 "rbdata.dtype": str(leaf.dtype)[6:],
@@ -939,49 +947,3 @@ class ArrowStorage(Storage):
                 for j, array in enumerate(chunk.fixed):
                     addresses[j, k] = array.ctypes.data
         self._addresses = addresses
-
-
-def _owned(t: torch.Tensor) -> np.ndarray:
-    """A ragged row the storage owns: a fresh copy, read-only like a sealed chunk's rows."""
-    array = t.numpy()
-    array.flags.writeable = False
-    return array
-
-
-def _ragged_rows(pa: Any, column: Any, leaf: Leaf) -> list[np.ndarray]:
-    """The rows of a ``list<...>`` column as arrays ``[L_i, *shape]``."""
-    lengths = pa.compute.list_value_length(column).fill_null(0).to_numpy()
-    flat = column.flatten()
-    if leaf.shape:
-        flat = flat.flatten()
-    values = flat.to_numpy(zero_copy_only=False).reshape(-1, *leaf.shape)
-    return np.split(values, np.cumsum(lengths)[:-1])
-
-
-_arrow_type = arrow_type
-
-
-def _fixed_array(pa: Any, values: np.ndarray, leaf: Leaf) -> Any:
-    flat_values = np.ascontiguousarray(values).reshape(-1)
-    if leaf.dtype is torch.bool:  # uint8 0/1 (field metadata rbdata.dtype=bool): zero-copy
-        flat_values = flat_values.view(np.uint8)
-    flat = pa.array(flat_values)
-    if not leaf.shape:
-        return flat
-    return pa.FixedSizeListArray.from_arrays(flat, leaf.numel)
-
-
-def _ragged_array(pa: Any, items: list[np.ndarray], leaf: Leaf) -> Any:
-    lengths = np.array([len(v) for v in items], dtype=np.int64)
-    offsets = np.zeros(len(items) + 1, dtype=np.int32)
-    np.cumsum(lengths, out=offsets[1:])
-    dtype = _TORCH_TO_NUMPY[leaf.dtype]
-    values = (
-        np.concatenate([np.asarray(v, dtype=dtype).reshape(-1) for v in items])
-        if items
-        else np.zeros(0, dtype)
-    )
-    inner = pa.array(values)
-    if leaf.shape:
-        inner = pa.FixedSizeListArray.from_arrays(inner, leaf.numel)
-    return pa.ListArray.from_arrays(pa.array(offsets), inner)

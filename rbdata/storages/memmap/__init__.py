@@ -5,7 +5,9 @@
 - ``_journal``: the write-ahead journal that makes a killed write replayable;
 - ``_packed``: the numba row writer of the per-step ``add``;
 - ``_shared``: the state shared by the processes of a shared storage;
-- ``_versions``: the per-slot seqlock words that let readers detect a torn row.
+- ``_versions``: the per-slot seqlock words that let readers detect a torn row;
+- ``_persist``: the persistence hooks of the tensor storages (checkpoint dump / restore as a
+  memmap directory, ``describe`` for ``rbdata inspect``).
 """
 
 from rbdata.storages.memmap.storage import MemmapStorage

@@ -73,6 +73,7 @@ from rbdata.storages.memmap._journal import (
     read_orphan,
 )
 from rbdata.storages.memmap._packed import PackedRow
+from rbdata.storages.memmap._persist import MemmapFiles
 from rbdata.storages.memmap._shared import SharedState
 from rbdata.storages.memmap._versions import VERSIONS_FILE, SlotVersions, consistent_rows
 from rbdata.storages.tensor import TensorStorage
@@ -94,7 +95,7 @@ if hasattr(os, "register_at_fork"):
     os.register_at_fork(before=_mark_shared_before_fork)
 
 
-class MemmapStorage(TensorStorage):
+class MemmapStorage(MemmapFiles):
     """Items in memory-mapped files, one per leaf, plus a JSON layout and a tiny header.
 
     Every write is atomic across a SIGKILL (see the module docstring). Many processes may

@@ -1,0 +1,241 @@
+"""How tensor storages are saved: as a :class:`MemmapStorage` directory, whole arrays.
+
+- :func:`dump_tensors`: one raw file per leaf (the filled rows, then a sparse zero tail), the
+  header and ``layout.json``, with the leaves' checksums summed from memory meanwhile;
+- :func:`check_dumped`: the metadata and every file it names, before anything is mapped;
+- :func:`restore_memmap` / :func:`restore_tensors`: the files mapped copy-on-write (lazy;
+  writes never reach them), a CUDA storage copied to its device;
+- :func:`tensor_state` / :func:`tensors_from_state`: the ``torch.save``-able form;
+- :func:`describe_dir`: counts, keys and problems of a directory, metadata only.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import torch
+
+from rbdata._atomic import fsync_dir
+from rbdata._checked import plain_file, read_json
+from rbdata._checksum import entry, file_entry, tensor_crc
+from rbdata._files import inside, open_nofollow
+from rbdata._layout import Layout
+from rbdata.errors import CheckpointError
+from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
+from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size, saved_counts
+from rbdata.storages.base import Codec, Storage
+from rbdata.storages.memmap._directory import (
+    HEADER_FILE,
+    JOURNAL_FILE,
+    LAYOUT_FILE,
+    bad_field,
+    check_meta,
+    read_layout,
+    write_directory,
+)
+from rbdata.storages.memmap._journal import Header
+from rbdata.storages.tensor import TensorStorage
+
+if TYPE_CHECKING:
+    from rbdata.storages.memmap.storage import MemmapStorage
+
+__all__ = [
+    "MemmapFiles",
+    "check_dumped",
+    "copy_tensors",
+    "describe_dir",
+    "dump_tensors",
+    "restore_memmap",
+    "restore_tensors",
+    "tensor_state",
+    "tensors_from_state",
+]
+
+
+def dump_tensors(
+    storage: TensorStorage, out: Path, fsync: bool
+) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """``write_directory``, with the leaves' checksums summed from memory meanwhile."""
+    n = len(storage)
+    buffers = storage.buffers if storage.layout is not None else []
+    # zlib releases the GIL: the sums run while write_directory copies and fsyncs
+    with ThreadPoolExecutor(max_workers=2) as pool:
+        futures = [pool.submit(tensor_crc, buf, n) for buf in buffers]
+        write_directory(storage, out, fsync)
+        crcs = [future.result() for future in futures]
+    names = read_json(out / LAYOUT_FILE, "storage").get("files", []) if buffers else []
+    sums: dict[str, dict[str, int]] = {}
+    for name, buf, crc in zip(names, buffers, crcs, strict=True):
+        row = math.prod(buf.shape[1:]) * buf.element_size()
+        sums[name] = entry((out / name).stat().st_size, n * row, crc)
+    for file in sorted(out.iterdir()):  # header, layout and anything else: small, read back
+        if file.name not in sums:
+            sums[file.name] = file_entry(file)
+    fsync_dir(out, fsync)
+    return {"dir": out.name}, sums
+
+
+def check_dumped(
+    cls: type[TensorStorage], src: Path, config: dict[str, Any], state: Any
+) -> tuple[int, list[str]]:
+    """Check the metadata and files of a dumped directory; return the capacity."""
+    check_dumped_dir(cls, src, state, LAYOUT_FILE)
+    # layout.json is MemmapStorage's own format: its reader checks every field and file name
+    file = src / LAYOUT_FILE
+    try:
+        capacity, layout, leaves = check_meta(src, read_layout(src))
+    except (OSError, ValueError) as err:
+        raise CheckpointError(str(err)) from None
+    check_max_size(config, capacity, file)
+    for leaf, path in zip(layout.leaves if layout else (), leaves, strict=True):
+        row = leaf.numel * leaf.dtype.itemsize
+        size = plain_file(path, "storage").st_size
+        if size != capacity * row:
+            raise CheckpointError(
+                f"{path}: {size} bytes on disk, expected {capacity * row} ({capacity} x "
+                f"{row} bytes); truncated or corrupt"
+            )
+    # the header's format belongs to MemmapStorage: its counts are checked once it is open
+    plain_file(src / HEADER_FILE, "storage")
+    return capacity, []
+
+
+def _check_counts(storage: MemmapStorage, src: Path) -> None:
+    """The length and next slot of a just-opened storage, in range (closed if not)."""
+    n, nxt, cap = len(storage), storage.next_slot, storage.capacity
+    if not 0 <= n <= cap or not 0 <= nxt < cap or (n and storage.layout is None):
+        storage.close()
+        raise CheckpointError(
+            f"{src / HEADER_FILE}: header length {n} / next slot {nxt} out of range for "
+            f"capacity {cap}"
+        )
+
+
+def restore_memmap(cls: type[MemmapStorage], src: Path, config: dict[str, Any]) -> MemmapStorage:
+    """The dumped directory mapped copy-on-write."""
+    storage = cls.open(src, copy_on_write=True)
+    _check_counts(storage, src)
+    check_config(storage, config)
+    return storage
+
+
+def restore_tensors(cls: type[TensorStorage], src: Path, config: dict[str, Any]) -> TensorStorage:
+    """A new ``cls`` over the dumped directory's buffers (mapped, or copied to its device)."""
+    from rbdata.storages.memmap.storage import MemmapStorage
+
+    mapped = MemmapStorage.open(src, copy_on_write=True)
+    _check_counts(mapped, src)
+    storage = cls(**config)
+    check_config(mapped, {"max_size": storage.capacity})
+    layout = mapped.layout
+    if layout is not None:
+        buffers = [b.to(storage.device) for b in mapped.buffers]
+        storage._set_buffers(buffers, layout)
+        storage._layout = layout
+    storage._length, storage._next = len(mapped), mapped.next_slot
+    check_config(storage, config)
+    return storage
+
+
+def tensor_state(storage: TensorStorage) -> dict[str, Any]:
+    """The counts, the layout and the filled rows of every leaf (CPU copies)."""
+    n, layout = len(storage), storage.layout
+    return {
+        "length": n,
+        "next": storage.next_slot,
+        "layout": None if layout is None else layout.to_json(),
+        "buffers": [b[:n].detach().cpu().clone() for b in storage.buffers],
+    }
+
+
+def tensors_from_state(
+    cls: type[TensorStorage], config: dict[str, Any], state: Any
+) -> TensorStorage:
+    """A new ``cls(**config)`` filled from :func:`tensor_state`."""
+    storage = cls(**config)
+    n, nxt = saved_counts(storage, state)
+    if state["layout"] is not None:
+        layout = Layout.from_json(state["layout"])
+        storage._ensure_layout(layout)
+        for buf, data, leaf in zip(storage.buffers, state["buffers"], layout.leaves, strict=True):
+            if tuple(data.shape) != (n, *leaf.shape) or data.dtype != leaf.dtype:
+                raise CheckpointError(
+                    f"{cls.__name__}: key {leaf.name}: {data.dtype} {tuple(data.shape)}, "
+                    f"expected {leaf.dtype} {(n, *leaf.shape)}"
+                )
+            buf[:n].copy_(data)
+    storage._set_length(n)
+    storage._set_next(nxt)
+    return storage
+
+
+def copy_tensors(dst: TensorStorage, src: TensorStorage) -> None:
+    """The filled rows of ``src``'s buffers into ``dst``'s, and its counts."""
+    n = len(src)
+    if src.layout is not None:
+        dst._ensure_layout(src.layout)
+        for d, s in zip(dst.buffers, src.buffers, strict=True):
+            d[:n].copy_(s[:n])
+    dst._set_length(n)
+    dst._set_next(src.next_slot)
+
+
+def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
+    """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
+    capacity, layout, files = check_meta(root, read_layout(root))
+    header = Header(inside(root, HEADER_FILE), create=False, private=True)
+    length, nxt = header.first
+    header.close()
+    file = root / HEADER_FILE
+    if not 0 <= length <= capacity or (layout is None and length):
+        raise bad_field(file, "length", length, f"in [0, {capacity}] with a layout")
+    if not 0 <= nxt < capacity or nxt > length:
+        raise bad_field(file, "next", nxt, f"in [0, {capacity}) and at most the length")
+    problems = []
+    for leaf, path in zip(layout.leaves if layout else (), files, strict=True):
+        expected, size = capacity * leaf.numel * leaf.dtype.itemsize, regular_size(path)
+        if size != expected:
+            got = "missing or not a regular file" if size is None else f"{size} bytes"
+            problems.append(f"{path.name}: {got}, expected {expected} for key {leaf.name}")
+    details: dict[str, Any] = {}
+    journal = inside(root, JOURNAL_FILE)
+    if regular_size(journal):
+        with open_nofollow(journal, "rb") as f:  # the head's commit word: 0 means empty
+            committed = int.from_bytes(f.read(16)[8:], "little") != 0
+        if committed:
+            details["journal"] = f"a committed write not yet in the files ({REPLAY_NOTE})"
+    return StorageInfo("memmap", capacity, length, nxt, key_infos(layout), details), problems
+
+
+class MemmapFiles(TensorStorage):
+    """The persistence hooks of :class:`~rbdata.storages.MemmapStorage` (its own directories)."""
+
+    kind = "memmap"
+    marker_file = LAYOUT_FILE
+
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> MemmapStorage:
+        """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
+        return restore_memmap(cls, directory, config)  # type: ignore[arg-type]
+
+    @classmethod
+    def empty_like(
+        cls,
+        src: Storage,
+        path: str | os.PathLike[str] | None = None,
+        block_rows: int | None = None,
+    ) -> MemmapStorage:
+        """A new storage of ``src``'s capacity at ``path``."""
+        return cls(src.capacity, path=path)  # type: ignore[call-arg, return-value]
