@@ -26,7 +26,7 @@ import torch
 from rbdata._atomic import fsync_dir
 from rbdata._files import remove_with
 from rbdata._layout import Layout
-from rbdata.checkpoint._checksum import copy_with_crc, entry, file_entry, tensor_crc
+from rbdata.checkpoint._checksum import copy_with_crc, entry, file_entry, submit_tensor_crc
 from rbdata.checkpoint._codec import decode, encode
 from rbdata.checkpoint._storage_checks import ARROW_META, DIR, HEADER, LAYOUT, check_storage
 from rbdata.checkpoint._validate import leaf_path, read_json
@@ -186,9 +186,9 @@ def _write_tensor_storage(
     buffers = storage.buffers if storage.layout is not None else []
     # zlib releases the GIL: the sums run while write_directory copies and fsyncs
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(tensor_crc, buf, n) for buf in buffers]
+        results = [submit_tensor_crc(pool, buf, n) for buf in buffers]
         write_directory(storage, out, fsync)
-        crcs = [future.result() for future in futures]
+        crcs = [result() for result in results]
     names = read_json(out / LAYOUT, "storage").get("files", []) if buffers else []
     sums: dict[str, dict[str, int]] = {}
     for name, buf, crc in zip(names, buffers, crcs, strict=True):
