@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
-import ctypes.util
 import errno
 import json
 import os
@@ -32,7 +31,7 @@ __all__ = [
 def _libc(name: str, argtypes: list[Any]) -> Any:
     """The libc function ``name`` (Linux: ``fallocate``, ``sync_file_range``), or ``None``."""
     with contextlib.suppress(Exception):
-        fn = getattr(ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True), name)
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)  # the process's own libc
         fn.argtypes = argtypes
         fn.restype = ctypes.c_int
         return fn
