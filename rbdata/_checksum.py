@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import os
 import zlib
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import Executor
 from pathlib import Path
 from typing import Any
 
@@ -21,15 +22,55 @@ from rbdata._files import open_nofollow
 __all__ = [
     "ALGORITHM",
     "copy_with_crc",
+    "crc32_combine",
     "crc_blocks",
     "crc_of_open",
     "entry",
     "file_entry",
+    "submit_tensor_crc",
     "tensor_crc",
 ]
 
 ALGORITHM = "crc32"
 _BLOCK = 1 << 22
+_PART = 1 << 23  # bytes per CRC job of a CPU leaf: the jobs of a pool end together
+_POLY = 0xEDB88320  # CRC-32 (zlib), reflected
+
+
+def _multmodp(a: int, b: int) -> int:
+    """``a * b`` modulo the CRC-32 polynomial (reflected bit order, as zlib's ``multmodp``)."""
+    m, p = 1 << 31, 0
+    while True:
+        if a & m:
+            p ^= b
+            if not a & (m - 1):
+                return p
+        m >>= 1
+        b = (b >> 1) ^ _POLY if b & 1 else b >> 1
+
+
+_X2N = [1 << 30]  # x^(2^k) modulo the polynomial, k = 0..31 (zlib's x2n_table)
+for _ in range(31):
+    _X2N.append(_multmodp(_X2N[-1], _X2N[-1]))
+
+
+def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
+    """The CRC-32 of ``a + b`` from ``crc1 = crc32(a)``, ``crc2 = crc32(b)``, ``len(b)``.
+
+    As zlib's ``crc32_combine`` (which Python's ``zlib`` does not expose).
+
+    Examples:
+        >>> a, b = b"hello ", b"world"
+        >>> crc32_combine(zlib.crc32(a), zlib.crc32(b), len(b)) == zlib.crc32(a + b)
+        True
+    """
+    p, k, n = 1 << 31, 3, len2  # x^(8 * len2): the bits of len2, shifted by 3
+    while n:
+        if n & 1:
+            p = _multmodp(_X2N[k & 31], p)
+        n >>= 1
+        k += 1
+    return _multmodp(p, crc1) ^ crc2
 
 
 def crc_blocks(blocks: Iterable[Any], crc: int = 0) -> int:
@@ -55,6 +96,31 @@ def tensor_crc(buf: torch.Tensor, n: int) -> int:
         flat = rows[start : start + step].cpu().contiguous().reshape(-1)
         crc = zlib.crc32(flat.view(torch.uint8).numpy().data, crc)
     return crc
+
+
+def submit_tensor_crc(
+    pool: Executor, buf: torch.Tensor, n: int, part: int = _PART
+) -> Callable[[], int]:
+    """Submit :func:`tensor_crc` of ``buf[:n]`` to ``pool``; return a call that waits for it.
+
+    The bytes of a contiguous CPU tensor are summed in parts of ``part`` bytes (jobs of
+    about the same size, run in parallel and combined), anything else in one job.
+    """
+    rows = buf[:n].detach()
+    if rows.device.type != "cpu" or not rows.is_contiguous() or not n:
+        future = pool.submit(tensor_crc, buf, n)
+        return future.result
+    raw = rows.reshape(-1).view(torch.uint8).numpy()
+    size = raw.nbytes
+    jobs = [pool.submit(zlib.crc32, raw[at : at + part].data) for at in range(0, size, part)]
+
+    def result() -> int:
+        crc = 0
+        for k, job in enumerate(jobs):
+            crc = crc32_combine(crc, job.result(), min(part, size - k * part))
+        return crc
+
+    return result
 
 
 def file_entry(path: Path, covered: int | None = None) -> dict[str, int]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import errno
 import json
 import os
@@ -19,10 +20,53 @@ __all__ = [
     "check_dir",
     "inside",
     "open_nofollow",
+    "preallocate",
     "read_meta",
     "remove_with",
+    "start_writeback",
     "storage_dir",
 ]
+
+
+def _libc(name: str, argtypes: list[Any]) -> Any:
+    """The libc function ``name`` (Linux: ``fallocate``, ``sync_file_range``), or ``None``."""
+    with contextlib.suppress(Exception):
+        fn = getattr(ctypes.CDLL(None, use_errno=True), name)  # the process's own libc
+        fn.argtypes = argtypes
+        fn.restype = ctypes.c_int
+        return fn
+    return None
+
+
+_OFF = ctypes.c_int64
+_FALLOCATE = _libc("fallocate", [ctypes.c_int, ctypes.c_int, _OFF, _OFF])
+_SYNC_FILE_RANGE = _libc("sync_file_range", [ctypes.c_int, _OFF, _OFF, ctypes.c_uint])
+_FALLOC_FL_KEEP_SIZE = 1
+_PAGE = 4096
+_SYNC_FILE_RANGE_WRITE = 2
+
+
+def preallocate(fd: int, offset: int, nbytes: int) -> None:
+    """Reserve the disk blocks of bytes ``[offset, offset + nbytes)`` before writing them.
+
+    As ``numpy.tofile`` does: one ``fallocate`` (keeping the file size) instead of one
+    delayed-allocation reservation per page written, which makes large writes faster.
+    The file's size and bytes are unchanged; a hint only (no error where unsupported).
+    """
+    start = -(-offset // _PAGE) * _PAGE  # whole pages inside the range: no block past it
+    stop = (offset + nbytes) // _PAGE * _PAGE
+    if _FALLOCATE is not None and stop > start:
+        _FALLOCATE(fd, _FALLOC_FL_KEEP_SIZE, start, stop - start)
+
+
+def start_writeback(fd: int, offset: int, nbytes: int) -> None:
+    """Start writing back the dirty pages of a byte range, without waiting (Linux).
+
+    A hint only: durability still needs an fsync, which then finds less left to write.
+    Unlike fdatasync, it forces no journal commit.
+    """
+    if _SYNC_FILE_RANGE is not None and nbytes > 0:
+        _SYNC_FILE_RANGE(fd, offset, nbytes, _SYNC_FILE_RANGE_WRITE)
 
 
 def _remove_dir(path: str, owner_pid: int) -> None:

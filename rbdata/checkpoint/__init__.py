@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import contextlib
 import shutil
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -201,15 +202,26 @@ def dump(
             "state": encode(obj.state_dict(), tensors, f"{kind} state"),
         }
     name = _class_name(storage, "storage")
+    # the state tensors are all known before the storage is written, unless the storage's
+    # config holds tensors or its state adds some (ListStorage): then tensors.bin is written
+    # in a thread meanwhile (same bytes, same order), else after, as before
+    config_tensors: list[Any] = []
+    config = encode(storage.config(), config_tensors, "storage config")
+    early = not config_tensors and not isinstance(storage, ListStorage)
     staging = new_staging(root)
     try:
-        state, sums = dump_storage(storage, staging, tensors, fsync)
-        meta["storage"] = {
-            "class": name,
-            "config": encode(storage.config(), tensors, "storage config"),
-            "state": state,
-        }
-        meta["tensors"], sums[_TENSORS] = write_tensors(staging / _TENSORS, tensors, fsync)
+        with ThreadPoolExecutor(max_workers=1) as pool:  # its exit waits for the job
+            table = (
+                pool.submit(write_tensors, staging / _TENSORS, tensors, fsync) if early else None
+            )
+            state, sums = dump_storage(storage, staging, tensors, fsync)
+        if table is not None:
+            written = table.result()
+        else:
+            config = encode(storage.config(), tensors, "storage config")
+            written = write_tensors(staging / _TENSORS, tensors, fsync)
+        meta["storage"] = {"class": name, "config": config, "state": state}
+        meta["tensors"], sums[_TENSORS] = written
         meta["checksums"] = {"algorithm": ALGORITHM, "files": sums}
         atomic_write_json(staging / _META, meta, fsync)
         fsync_dir(staging, fsync)

@@ -21,10 +21,12 @@ from typing import Any
 from rbdata._checksum import (
     ALGORITHM,
     copy_with_crc,
+    crc32_combine,
     crc_blocks,
     crc_of_open,
     entry,
     file_entry,
+    submit_tensor_crc,
     tensor_crc,
 )
 from rbdata._files import open_nofollow
@@ -34,9 +36,11 @@ from rbdata.errors import CheckpointError
 __all__ = [
     "ALGORITHM",
     "copy_with_crc",
+    "crc32_combine",
     "crc_blocks",
     "entry",
     "file_entry",
+    "submit_tensor_crc",
     "tensor_crc",
     "verify",
 ]

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._files import open_nofollow
+from rbdata._files import open_nofollow, preallocate
 from rbdata.checkpoint._checksum import entry
 from rbdata.checkpoint._validate import check_int, get, get_list, plain_file
 from rbdata.errors import CheckpointError
@@ -148,6 +148,15 @@ def _raw_bytes(t: torch.Tensor) -> np.ndarray:
     return t.view(torch.uint8).numpy()
 
 
+def _file_bytes(tensors: list[torch.Tensor]) -> int:
+    """The size of the file :func:`write_tensors` writes."""
+    offset = 0
+    for t in tensors:
+        offset += -offset % _ALIGN
+        offset += t.numel() * t.element_size()
+    return offset
+
+
 def write_tensors(
     file: Path, tensors: list[torch.Tensor], fsync: bool = True
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
@@ -159,6 +168,7 @@ def write_tensors(
     table = []
     offset = crc = 0
     with open(file, "wb") as f:
+        preallocate(f.fileno(), 0, _file_bytes(tensors))
         for t in tensors:
             raw = _raw_bytes(t)
             pad = -offset % _ALIGN

@@ -19,7 +19,14 @@ from typing import Any
 
 import torch
 
-from rbdata._files import atomic_write_json, check_dir, inside, open_nofollow
+from rbdata._files import (
+    atomic_write_json,
+    check_dir,
+    inside,
+    open_nofollow,
+    preallocate,
+    start_writeback,
+)
 from rbdata._layout import TENSOR, Layout
 from rbdata.storages.memmap._journal import (
     HEADER_BYTES,
@@ -172,8 +179,10 @@ def layout_meta(capacity: int, layout: Layout | None) -> dict[str, Any]:
     return meta
 
 
-def _write_file(file: Path, chunks: Any, size: int, fsync: bool) -> None:
+def _write_file(file: Path, chunks: Any, size: int, fsync: bool, filled: int = 0) -> None:
+    """Write ``chunks`` (``filled`` bytes in all, if known) to a new ``file`` of ``size`` bytes."""
     with open(file, "wb") as f:
+        preallocate(f.fileno(), 0, filled)  # the filled bytes only: the tail stays sparse
         for chunk in chunks:
             f.write(memoryview(chunk))
         f.truncate(size)  # rows past the length read as zeros (a sparse tail)
@@ -227,7 +236,8 @@ def write_directory(
         def write(job: tuple[str, torch.Tensor]) -> None:
             name, buf = job
             size = buf.numel() * buf.element_size()
-            _write_file(root / name, _row_blocks(buf, n), size, fsync)
+            filled = n * math.prod(buf.shape[1:]) * buf.element_size()
+            _write_file(root / name, _row_blocks(buf, n), size, fsync, filled)
 
         # two files at a time: one's copy overlaps the other's fsync (both release the GIL)
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -235,9 +245,9 @@ def write_directory(
     atomic_write_json(root / LAYOUT_FILE, meta, fsync)
 
 
-def _sync_all(fds: list[int]) -> None:
-    for fd in fds:
-        os.fdatasync(fd)
+def _start_writeback(ranges: list[tuple[int, int, int]]) -> None:
+    for fd, offset, nbytes in ranges:
+        start_writeback(fd, offset, nbytes)
 
 
 class DirectoryWriter:
@@ -284,8 +294,9 @@ class DirectoryWriter:
         self._fsync = fsync
         self._meta = layout_meta(capacity, layout)
         self._files = [open(self.root / name, "wb") for name in self._meta["files"]]  # noqa: SIM115
-        # with fsync, each block's writeback runs in a thread (fdatasync releases the GIL)
-        # while the caller prepares the next block, so close() waits for one block, not all
+        # with fsync, each block's writeback is started (sync_file_range, in a thread) while
+        # the caller prepares the next block, so close()'s fsyncs find little left to write
+        self._offsets = [0] * len(self._files)
         self._syncer = ThreadPoolExecutor(max_workers=1) if fsync else None
         self._pending: Any = None
 
@@ -294,20 +305,26 @@ class DirectoryWriter:
         n = int(tensors[0].shape[0]) if tensors else 0
         if self.rows + n > self.capacity:
             raise ValueError(f"{self.rows + n} rows written, capacity {self.capacity}")
-        for f, leaf, t in zip(self._files, self.layout.leaves, tensors, strict=True):
+        for leaf, t in zip(self.layout.leaves, tensors, strict=True):  # all, before writing
             if tuple(t.shape) != (n, *leaf.shape) or t.dtype != leaf.dtype:
                 raise ValueError(
                     f"key {leaf.name}: expected {leaf.dtype} {[n, *leaf.shape]}, got "
                     f"{t.dtype} {list(t.shape)}"
                 )
+        for f, leaf, t in zip(self._files, self.layout.leaves, tensors, strict=True):
+            row = leaf.numel * leaf.dtype.itemsize
+            preallocate(f.fileno(), self.rows * row, n * row)  # this block's bytes only
             f.write(t.contiguous().view(-1).view(torch.uint8).numpy().data)
         self.rows += n
         if self._syncer is not None:
             self._wait()
-            for f in self._files:
+            ranges = []
+            for i, f in enumerate(self._files):
                 f.flush()
-            fds = [f.fileno() for f in self._files]
-            self._pending = self._syncer.submit(_sync_all, fds)
+                end = f.tell()
+                ranges.append((f.fileno(), self._offsets[i], end - self._offsets[i]))
+                self._offsets[i] = end
+            self._pending = self._syncer.submit(_start_writeback, ranges)
 
     def _wait(self) -> None:
         pending, self._pending = self._pending, None

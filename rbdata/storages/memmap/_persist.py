@@ -21,7 +21,7 @@ import torch
 
 from rbdata._atomic import fsync_dir
 from rbdata._checked import plain_file, read_json
-from rbdata._checksum import entry, file_entry, tensor_crc
+from rbdata._checksum import entry, file_entry, submit_tensor_crc
 from rbdata._files import inside, open_nofollow
 from rbdata._layout import Layout
 from rbdata.errors import CheckpointError
@@ -64,9 +64,9 @@ def dump_tensors(
     buffers = storage.buffers if storage.layout is not None else []
     # zlib releases the GIL: the sums run while write_directory copies and fsyncs
     with ThreadPoolExecutor(max_workers=2) as pool:
-        futures = [pool.submit(tensor_crc, buf, n) for buf in buffers]
+        results = [submit_tensor_crc(pool, buf, n) for buf in buffers]
         write_directory(storage, out, fsync)
-        crcs = [future.result() for future in futures]
+        crcs = [result() for result in results]
     names = read_json(out / LAYOUT_FILE, "storage").get("files", []) if buffers else []
     sums: dict[str, dict[str, int]] = {}
     for name, buf, crc in zip(names, buffers, crcs, strict=True):
