@@ -1,5 +1,6 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
+from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._describe import (
     KeyInfo,
     StorageInfo,
@@ -27,6 +28,7 @@ __all__ = [
     "convert",
     "storage_kind",
     "storage_kinds",
+    "wrap_for_collate",
 ]
 
 # the on-disk kinds, in the order ``rbdata inspect`` recognises their directories
