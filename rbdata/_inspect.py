@@ -29,7 +29,7 @@ from rbdata.storages import KeyInfo, StorageInfo, storage_kind, storage_kinds
 
 __all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
 
-_DATASET_FILE = "dataset.json"  # rbdata.datasets._cache.DATASET_FILE (imported lazily)
+_DATASET_FILE = "dataset.json"  # rbdata.datasets.DATASET_FILE (imported lazily)
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,7 @@ def _checkpoint(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]
 
 # --- offline dataset cache entries -------------------------------------------------------------
 def _dataset(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
-    from rbdata.datasets._cache import STORAGE_DIR, read_entry
+    from rbdata.datasets import STORAGE_DIR, read_entry
 
     meta = read_entry(root)
     file = root / _DATASET_FILE
@@ -189,7 +189,7 @@ def format_summary(summary: Summary) -> str:
           KEY  SHAPE  DTYPE
           obs  [2]    float32
     """
-    from rbdata.datasets._commands import human_size
+    from rbdata.datasets import human_size
 
     s, st = summary, summary.storage
     kind = _TITLES[s.kind]

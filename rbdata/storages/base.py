@@ -133,9 +133,11 @@ class Storage(Dataset[Any]):
     kind: ClassVar[str | None] = None
     #: The metadata file that marks a directory of :attr:`kind` (``None``: no format).
     marker_file: ClassVar[str | None] = None
-    #: Whether :meth:`write_row` and :meth:`write_rows` write this class's items (for
+    #: Whether :meth:`~rbdata.storages.Storage.write_row` and
+    #: :meth:`~rbdata.storages.Storage.write_rows` write this class's items (for
     #: implementers): a caller holding checked, converted rows (the SB3 adapter) may then
-    #: write a CPU, unshared storage with them instead of :meth:`prepare` and :meth:`commit`.
+    #: write a CPU, unshared storage with them instead of
+    #: :meth:`~rbdata.storages.Storage.prepare` and :meth:`~rbdata.storages.Storage.commit`.
     #: Declared by each class for itself, never inherited (a subclass may do more per item
     #: in ``commit``): ``False`` unless the class's own body sets it.
     writes_rows: ClassVar[bool] = False
