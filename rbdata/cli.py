@@ -4,7 +4,7 @@
 list|download|info|path|remove|sample`` manages the offline dataset cache (the logic is in
 :mod:`rbdata.datasets`, one function per action); ``rbdata inspect PATH`` summarises a
 storage directory or checkpoint on disk without reading its data (the logic is in
-:mod:`!rbdata._inspect`).
+:mod:`rbdata.inspect`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _add_inspect_parser(commands: Any) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from rbdata._inspect import format_summary, inspect_path
+    from rbdata.inspect import format_summary, inspect_path
 
     try:
         summary = inspect_path(args.path)

@@ -12,12 +12,13 @@ from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Codec, Prepared, Storage
 from rbdata.storages.convert import convert
 from rbdata.storages.list import ListStorage
-from rbdata.storages.memmap import MemmapStorage
+from rbdata.storages.memmap import DirectoryWriter, MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "ArrowStorage",
     "Codec",
+    "DirectoryWriter",
     "KeyInfo",
     "ListStorage",
     "MemmapStorage",

@@ -6,7 +6,8 @@ checkpoint written by :meth:`rbdata.ReplayBuffer.dumps` (``CURRENT``, or its liv
 subdirectory) and a converted D4RL/Minari cache entry (``dataset.json``), and returns a
 :class:`Summary`. Only metadata is read, through the readers that ``open``/``loads`` use (so
 it is validated the same way): the JSON files, the 64-byte memmap header, the tensor table of
-a checkpoint and, for a prioritized sampler, the roots of its trees (a few bytes). Data files
+a checkpoint and the few saved state elements its sampler shows (the roots of a prioritized
+sampler's trees; see :func:`rbdata.checkpoint.describe`). Data files
 are never opened or mapped, only their sizes taken; no symlink is followed; nothing is
 written. :func:`format_summary` renders the text report.
 """
