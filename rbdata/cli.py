@@ -2,9 +2,9 @@
 
 ``rbdata demo`` downloads, converts and trains on a D4RL-layout sample; ``rbdata datasets
 list|download|info|path|remove|sample`` manages the offline dataset cache (the logic is in
-:mod:`rbdata.datasets._commands` and its siblings); ``rbdata inspect PATH`` summarises a
+:mod:`rbdata.datasets`, one function per action); ``rbdata inspect PATH`` summarises a
 storage directory or checkpoint on disk without reading its data (the logic is in
-:mod:`!rbdata._inspect`).
+:mod:`rbdata.inspect`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def _add_inspect_parser(commands: Any) -> None:
 def _run_inspect(args: argparse.Namespace) -> int:
     import json
 
-    from rbdata._inspect import format_summary, inspect_path
+    from rbdata.inspect import format_summary, inspect_path
 
     try:
         summary = inspect_path(args.path)
@@ -269,11 +269,10 @@ def _add_datasets_parser(commands: Any) -> None:
 
 
 def _run_datasets(args: argparse.Namespace) -> int:
-    from rbdata.datasets import _commands as commands
-    from rbdata.datasets._cache import cache_root
+    from rbdata import datasets as commands
 
     try:
-        root = cache_root(getattr(args, "root", None))
+        root = commands.cache_root(getattr(args, "root", None))
         if args.action == "list":
             return commands.list_command(
                 root, family=args.family, downloaded=args.downloaded, remote=args.remote
@@ -287,17 +286,11 @@ def _run_datasets(args: argparse.Namespace) -> int:
                 root, ref, backend=args.backend, url=args.url, sha256=args.sha256, file=args.file
             )
         if args.action == "info":
-            from rbdata.datasets._info import info_command
-
-            return info_command(root, ref, backend=args.backend)
+            return commands.info_command(root, ref, backend=args.backend)
         if args.action == "sample":
-            from rbdata.datasets._samples import sample_command
-
-            return sample_command(ref, args.out)
+            return commands.sample_command(ref, args.out)
         if args.action == "remove":
-            from rbdata.datasets._remove import remove_command
-
-            return remove_command(
+            return commands.remove_command(
                 root,
                 ref,
                 backend=args.backend,

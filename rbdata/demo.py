@@ -277,8 +277,7 @@ def _sha256(path: Path) -> str:
 
 def _fetch(tmp: Path, progress: bool, out: Callable[[str], object]) -> tuple[Any, dict]:
     """Build and serve the file; download + convert it, then reopen it from the cache."""
-    from rbdata.datasets import D4RL
-    from rbdata.datasets._catalog import d4rl_entry
+    from rbdata.datasets import D4RL, d4rl_entry
 
     npz = catalog_path("samples", f"{_DATASET}.npz")
     file = _load_recipe().build(tmp.joinpath("mirror", *d4rl_entry(_DATASET).url.split("/")), npz)

@@ -30,9 +30,9 @@ from rbdata import (
     SamplerWithoutReplacement,
     TensorStorage,
 )
-from rbdata._inspect import inspect_path
 from rbdata.cli import main
 from rbdata.errors import CheckpointError
+from rbdata.inspect import inspect_path
 from rbdata.samplers._trees import sumtree as _sumtree
 
 ROOT = Path(__file__).resolve().parents[1]

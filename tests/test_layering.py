@@ -57,3 +57,89 @@ def test_no_private_calls_on_other_objects() -> None:
                 continue  # a class's own private helper of the same name (the SB3 adapter's)
             offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}: .{node.attr}")
     assert not offenders, f"call the named contract instead: {offenders}"
+
+
+# --- private names across packages (#24) -----------------------------------------------------
+#: the top-level core modules every package may use, private names included; ``_inspect``
+#: (once ``rbdata inspect``'s logic) was never one: it was a package of its own
+_CORE = {p.stem for p in PACKAGE.glob("_*.py")} - {"__init__", "__main__", "_inspect"}
+
+
+def _private_crossings(path: Path, package: Path = PACKAGE) -> list[str]:
+    """Imports in ``path`` of a private module or name of another package (core excepted).
+
+    A package is ``rbdata.X``, everything below it included; a top-level module that is not
+    core (``cli``, ``demo``, ``inspect``) is a package of its own, and so is ``rbdata``'s
+    ``__init__``. Lazy imports in function bodies count too.
+    """
+    parts = list(path.relative_to(package.parent).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+        parts.append("")  # a relative import of level 1 resolves to the package itself
+    here = ".".join(parts[:2]).rstrip(".")
+    found = []
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.ImportFrom):
+            module = node.module or ""
+            if node.level:  # relative: against this module's package
+                module = ".".join([*parts[: -node.level], *filter(None, [node.module])])
+            targets = [(module.split("."), alias.name) for alias in node.names]
+        elif isinstance(node, ast.Import):
+            targets = [(alias.name.split("."), "") for alias in node.names]
+        else:
+            continue
+        for names, name in targets:
+            if names[0] != "rbdata":
+                continue
+            if len(names) == 1:  # from rbdata import X: X is the package (or a name of rbdata)
+                names, name = ["rbdata", name], ""
+            if ".".join(names[:2]) == here or names[1] in _CORE:
+                continue
+            if any(n.startswith("_") for n in [*names[1:], name]):
+                where = f"{path.relative_to(package.parent)}:{node.lineno}"
+                found.append(f"{where}: {'.'.join(names)}{' ' + name if name else ''}")
+    return found
+
+
+def test_no_private_names_across_packages() -> None:
+    """What crosses a package boundary has a public name: only the core modules are shared."""
+    offenders = [hit for path in sorted(PACKAGE.rglob("*.py")) for hit in _private_crossings(path)]
+    assert not offenders, f"import a public name of the other package instead: {offenders}"
+
+
+@pytest.mark.parametrize(
+    ("name", "source", "crosses"),
+    [  # the imports #24 removed...
+        ("_inspect.py", "from rbdata.checkpoint._codec import MARK\n", True),
+        ("_inspect.py", "from rbdata.checkpoint import _FORMAT, component_class\n", True),
+        ("_inspect.py", "from rbdata.samplers._trees.sumtree import ROOT\n", True),
+        ("cli.py", "def f():\n    from rbdata.datasets import _commands as commands\n", True),
+        ("cli.py", "from rbdata._inspect import inspect_path\n", True),
+        ("demo.py", "from rbdata.datasets._catalog import d4rl_entry\n", True),
+        ("datasets/base.py", "from rbdata.storages._collate import install\n", True),
+        ("datasets/base.py", "from ..storages import _collate\n", True),
+        ("inspect.py", "import rbdata.samplers._trees.sumtree\n", True),
+        ("__init__.py", "from rbdata.storages._describe import KeyInfo\n", True),
+        # ... and what stays allowed: a package's own private modules, the core modules
+        ("checkpoint/_describe.py", "from rbdata.checkpoint import _FORMAT\n", False),
+        ("checkpoint/__init__.py", "from ._codec import MARK\nfrom . import _codec\n", False),
+        ("samplers/prioritized.py", "from rbdata.samplers._trees import sumtree\n", False),
+        ("storages/memmap/storage.py", "from .._unpack import numpy_views\n", False),
+        (
+            "storages/base.py",
+            "from rbdata._index import as_int_index\nimport rbdata._files\n",
+            False,
+        ),
+        (
+            "cli.py",
+            "from rbdata._atomic import CURRENT\nfrom rbdata.inspect import Summary\n",
+            False,
+        ),
+        ("__init__.py", "from rbdata._layout import STRING\nfrom rbdata.buffer import X\n", False),
+    ],
+)
+def test_private_crossings_are_found(tmp_path: Path, name: str, source: str, crosses: bool) -> None:
+    path = tmp_path / "rbdata" / name
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(source, encoding="utf-8")
+    assert bool(_private_crossings(path, tmp_path / "rbdata")) == crosses

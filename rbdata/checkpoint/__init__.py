@@ -25,6 +25,7 @@ from rbdata._files import atomic_write_json
 from rbdata.checkpoint._checksum import ALGORITHM
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
+from rbdata.checkpoint._describe import CheckpointInfo, describe
 from rbdata.checkpoint._in_place import LoadsDescriptor, load_into
 from rbdata.checkpoint._storages import (
     check_storage,
@@ -50,11 +51,14 @@ from rbdata.writers.base import Writer
 
 __all__ = [
     "FORMAT_VERSION",
+    "META_FILE",
     "CheckpointError",
+    "CheckpointInfo",
     "Components",
     "LoadsDescriptor",
     "component_class",
     "copy_storage",
+    "describe",
     "dump",
     "load",
     "load_into",
@@ -67,7 +71,8 @@ __all__ = [
 FORMAT_VERSION = 1
 _FORMAT = "rbdata.checkpoint"
 _STATE_FORMAT = "rbdata.replay_buffer"
-_META = "checkpoint.json"
+#: the file of a checkpoint's live directory that marks it (format, classes, configs, states)
+META_FILE = "checkpoint.json"
 _TENSORS = "tensors.bin"
 _BASES: dict[str, type] = {"storage": Storage, "sampler": Sampler, "writer": Writer}
 _REGISTRY: dict[str, type] = {}
@@ -223,7 +228,7 @@ def dump(
         meta["storage"] = {"class": name, "config": config, "state": state}
         meta["tensors"], sums[_TENSORS] = written
         meta["checksums"] = {"algorithm": ALGORITHM, "files": sums}
-        atomic_write_json(staging / _META, meta, fsync)
+        atomic_write_json(staging / META_FILE, meta, fsync)
         fsync_dir(staging, fsync)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -261,7 +266,7 @@ def load(path: Any, verify: bool = False) -> Components:
     if not root.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {str(root)!r}")
     live = live_dir(root)
-    meta = read_checkpoint_meta(live / _META, _FORMAT, FORMAT_VERSION)
+    meta = read_checkpoint_meta(live / META_FILE, _FORMAT, FORMAT_VERSION)
     kinds = ("storage", "sampler", "writer")
     classes = {kind: component_class(meta[kind]["class"], kind) for kind in kinds}
     storage_meta = meta["storage"]
@@ -271,7 +276,7 @@ def load(path: Any, verify: bool = False) -> Components:
         )
         check_table(live / _TENSORS, meta["tensors"])
         if verify:
-            verify_files(live, meta, live / _META)
+            verify_files(live, meta, live / META_FILE)
         tensors = read_tensors(live / _TENSORS, meta["tensors"])
         decoded = {
             kind: (
@@ -281,7 +286,7 @@ def load(path: Any, verify: bool = False) -> Components:
             for kind in ("sampler", "writer")
         }
         for kind, (config, state) in decoded.items():  # before the storage maps or copies
-            check_component(classes[kind], config, state, kind, plan[0], str(live / _META))
+            check_component(classes[kind], config, state, kind, plan[0], str(live / META_FILE))
         config = decode(storage_meta["config"], tensors, "storage config")
         storage = restore_storage(
             classes["storage"], config, storage_meta["state"], live, tensors, plan

@@ -9,8 +9,9 @@ Then one of two paths writes them:
   :class:`~rbdata.storages.base.Prepared` that :meth:`~rbdata.storages.Storage.commit` writes,
   keeping the storage's length and next slot (and, for a
   :class:`~rbdata.storages.MemmapStorage`, its crash-atomic journal);
-- the fast path, for a CPU :class:`~rbdata.storages.TensorStorage` or a
-  :class:`~rbdata.storages.MemmapStorage` not shared between processes, once its memory is
+- the fast path, for a CPU storage whose class declares
+  :attr:`~rbdata.storages.Storage.writes_rows` (:class:`~rbdata.storages.TensorStorage`,
+  :class:`~rbdata.storages.MemmapStorage`) not shared between processes, once its memory is
   allocated: the staging arrays, already of the layout's dtypes and shapes, go to the
   storage's per-step row write (one numpy slice assignment per leaf, what SB3 itself does;
   through the journal over live slots of a memmap), which keeps the length and next slot.
@@ -145,8 +146,7 @@ class StepWriter:
 
     def attach(self, storage: Storage, *, fast: bool = True) -> None:
         """Write into ``storage`` from now on (the fast path if it allows and ``fast``)."""
-        kind = type(storage)
-        self._fast = fast and kind in (TensorStorage, MemmapStorage) and not storage.shared
+        self._fast = fast and type(storage).writes_rows and not storage.shared
         self._fast = self._fast and storage.device.type == "cpu"
 
     def position(self, storage: Storage) -> tuple[int, bool]:

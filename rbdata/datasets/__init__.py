@@ -3,11 +3,59 @@
 Each dataset is converted once into a memory-mapped storage under a cache root (``root=``,
 else ``$RBDATA_HOME``, else the user cache directory) and is then both a map-style
 :class:`torch.utils.data.Dataset` and a read-only replay buffer. See ``docs/datasets.md``.
+
+Besides the datasets, this package exports what the command line (``rbdata datasets ...``,
+``rbdata inspect``, ``rbdata demo``) uses of it: the D4RL catalog (:func:`d4rl_entry`), the
+cache (:func:`cache_root`, :func:`read_entry`, :data:`DATASET_FILE`, :data:`STORAGE_DIR`)
+and one function per ``rbdata datasets`` action (:func:`list_command`...), which prints its
+report and returns the exit status.
 """
 
+from rbdata.datasets import _cache
+from rbdata.datasets._cache import cache_root, read_entry
+from rbdata.datasets._catalog import D4RLEntry, d4rl_entry
+from rbdata.datasets._commands import (
+    DatasetRef,
+    download_command,
+    error_line,
+    human_size,
+    list_command,
+    parse_id,
+    path_command,
+)
 from rbdata.datasets._errors import ChecksumError, DownloadError
+from rbdata.datasets._info import info_command
+from rbdata.datasets._remove import remove_command
+from rbdata.datasets._samples import sample_command
 from rbdata.datasets.base import OfflineDataset
 from rbdata.datasets.d4rl import D4RL
 from rbdata.datasets.minari import Minari
 
-__all__ = ["D4RL", "ChecksumError", "DownloadError", "Minari", "OfflineDataset"]
+__all__ = [
+    "D4RL",
+    "DATASET_FILE",
+    "STORAGE_DIR",
+    "ChecksumError",
+    "D4RLEntry",
+    "DatasetRef",
+    "DownloadError",
+    "Minari",
+    "OfflineDataset",
+    "cache_root",
+    "d4rl_entry",
+    "download_command",
+    "error_line",
+    "human_size",
+    "info_command",
+    "list_command",
+    "parse_id",
+    "path_command",
+    "read_entry",
+    "remove_command",
+    "sample_command",
+]
+
+#: the metadata file of a converted dataset's cache entry (what :func:`read_entry` reads)
+DATASET_FILE = _cache.DATASET_FILE
+#: the entry's storage directory, next to :data:`DATASET_FILE`
+STORAGE_DIR = _cache.STORAGE_DIR

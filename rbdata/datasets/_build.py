@@ -4,7 +4,7 @@ A converter (D4RL, Minari) yields *blocks*: dicts from flat key tuples (``("next
 "reward")``) to arrays whose leading dimension is the block's rows, in file order. The first
 block fixes the layout; every block is validated against it before it is written. Memory holds
 one block at a time: a memmap storage is written front to back with plain file writes
-(:class:`~rbdata.storages.memmap._directory.DirectoryWriter`), an Arrow storage chunk by chunk.
+(:class:`~rbdata.storages.DirectoryWriter`), an Arrow storage chunk by chunk.
 """
 
 from __future__ import annotations
@@ -19,8 +19,8 @@ import torch
 from tqdm.auto import tqdm
 
 from rbdata._layout import Key, Layout
+from rbdata.storages import DirectoryWriter
 from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.memmap._directory import DirectoryWriter
 
 __all__ = ["Block", "write_blocks"]
 

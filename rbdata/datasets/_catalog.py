@@ -42,7 +42,7 @@ class D4RLEntry:
 
     @property
     def file(self) -> str:
-        """The file's path below :data:`D4RL_PREFIX` (ids that share a file share it).
+        """The file's path below the D4RL mirror's root URL (ids that share a file share it).
 
         Examples:
             >>> d4rl_entry("hopper-medium-v2").file

@@ -25,7 +25,7 @@ from rbdata.buffer import ReplayBuffer
 from rbdata.datasets._cache import STORAGE_DIR, read_entry
 from rbdata.errors import ReadOnlyError
 from rbdata.samplers.base import Sampler
-from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
+from rbdata.storages import wrap_for_collate
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap import MemmapStorage
@@ -146,9 +146,7 @@ class OfflineDataset(Dataset[Any]):
     def __getitems__(self, indices: Any) -> Any:
         """The items at ``indices`` as one batch, gathered in one read (see storages)."""
         batch = self.buffer.storage.__getitems__(indices)
-        if feeds_default_collate(sys._getframe(1)):
-            return mark_for_default_collate(batch)
-        return batch
+        return wrap_for_collate(batch, sys._getframe(1))
 
     # --- buffer ------------------------------------------------------------------------------
     def sample(self, batch_size: int | None = None) -> Any:

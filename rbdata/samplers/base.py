@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import numbers
 from abc import abstractmethod
-from collections.abc import Iterator, Sized
+from collections.abc import Callable, Iterator, Mapping, Sized
 from typing import Any
 
 import numpy as np
@@ -173,6 +173,8 @@ class Sampler(TorchSampler[int]):
     batch it calls :meth:`begin_epoch`, and before each batch it asks :meth:`epoch_over`
     (an :attr:`epoch_based` sampler's iteration ends there; the others' is ended by a count
     of batches). The defaults suit samplers with replacement: no epoch, never over.
+    :meth:`describe_state` adds summary values to ``rbdata inspect``'s view of a saved
+    :meth:`state_dict`, read without loading it.
 
     Args:
         data_source: the storage (anything with ``__len__``) to sample from; ``None`` lets a
@@ -314,6 +316,25 @@ class Sampler(TorchSampler[int]):
         """Restore a state from :meth:`state_dict`."""
         self.generator.set_state(state["generator"])
         self._restored = True
+
+    @classmethod
+    def describe_state(
+        cls, state: Mapping[str, Any], read: Callable[[Any, int], float | None]
+    ) -> dict[str, Any]:
+        """Summary values of a saved :meth:`state_dict`, for ``rbdata inspect`` (for implementers).
+
+        ``state`` is the state as saved, its tensors not loaded; ``read(value, i)`` returns
+        element ``i`` of the saved one-dimensional floating tensor that the state entry
+        ``value`` stands for (one small read), or ``None`` when ``value`` is no such tensor,
+        it is too short or the element is not finite. The items returned are shown with the
+        state. The default adds nothing.
+
+        Examples:
+            >>> Sampler.describe_state({"generator": "<tensor>"}, lambda value, i: None)
+            {}
+        """
+        del state, read
+        return {}
 
 
 class BatchSampler(TorchSampler[list[int]]):

@@ -8,7 +8,7 @@ the torch reference on device trees (:class:`~rbdata.samplers._trees.device.Devi
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
 import torch
@@ -403,6 +403,27 @@ class PrioritizedSampler(Sampler):
             max_priority=max_priority,
         )
         return state
+
+    @classmethod
+    def describe_state(
+        cls, state: Mapping[str, Any], read: Callable[[Any, int], float | None]
+    ) -> dict[str, Any]:
+        """The saved trees' totals: ``total_priority`` and ``min_priority`` (their roots).
+
+        See :meth:`Sampler.describe_state <rbdata.samplers.base.Sampler.describe_state>`;
+        each total is ``None`` when its tree is not a saved floating tensor.
+
+        Examples:
+            >>> s = PrioritizedSampler(4, alpha=1.0, beta=1.0)
+            >>> s.on_write(0, None); s.update_priority(0, 2.0)
+            >>> saved = s.state_dict()
+            >>> PrioritizedSampler.describe_state(saved, lambda t, i: float(t[i]))
+            {'total_priority': 2.0, 'min_priority': 2.0}
+        """
+        return {
+            "total_priority": read(state.get("sum_tree"), _sumtree.ROOT),
+            "min_priority": read(state.get("min_tree"), _sumtree.ROOT),
+        }
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` (same capacity)."""

@@ -1,5 +1,6 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
+from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._describe import (
     KeyInfo,
     StorageInfo,
@@ -11,12 +12,13 @@ from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Codec, Prepared, Storage
 from rbdata.storages.convert import convert
 from rbdata.storages.list import ListStorage
-from rbdata.storages.memmap import MemmapStorage
+from rbdata.storages.memmap import DirectoryWriter, MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "ArrowStorage",
     "Codec",
+    "DirectoryWriter",
     "KeyInfo",
     "ListStorage",
     "MemmapStorage",
@@ -27,6 +29,7 @@ __all__ = [
     "convert",
     "storage_kind",
     "storage_kinds",
+    "wrap_for_collate",
 ]
 
 # the on-disk kinds, in the order ``rbdata inspect`` recognises their directories

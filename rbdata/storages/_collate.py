@@ -33,6 +33,7 @@ __all__ = [
     "feeds_default_collate",
     "install",
     "mark_for_default_collate",
+    "wrap_for_collate",
 ]
 
 _FETCH_CODE = _MapDatasetFetcher.fetch.__code__
@@ -101,6 +102,26 @@ def mark_for_default_collate(batch: Any) -> GatheredBatch:
         True
     """
     return GatheredBatch(batch)
+
+
+def wrap_for_collate(batch: Any, caller: FrameType | None) -> Any:
+    """``batch`` as a ``__getitems__`` returns it to ``caller`` (for implementers).
+
+    A map-style dataset whose ``__getitems__`` gathers a whole batch in one read (as
+    :meth:`rbdata.storages.Storage.__getitems__` does) returns
+    ``wrap_for_collate(batch, sys._getframe(1))``: when its caller is ``DataLoader``'s fetch
+    into ``default_collate``, the batch is wrapped so that ``default_collate`` returns it
+    untouched instead of collating its items again; for any other caller it is ``batch``.
+
+    Examples:
+        >>> import sys, torch
+        >>> batch = torch.zeros(3)
+        >>> wrap_for_collate(batch, sys._getframe(0)) is batch
+        True
+    """
+    if feeds_default_collate(caller):
+        return mark_for_default_collate(batch)
+    return batch
 
 
 def install() -> None:

@@ -32,7 +32,7 @@ from rbdata._layout import Layout
 from rbdata._layout_keys import is_structured
 from rbdata._layout_values import EMPTY_BATCH, stack_items
 from rbdata.errors import CheckpointError
-from rbdata.storages._collate import feeds_default_collate, mark_for_default_collate
+from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._describe import StorageInfo
 
 __all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
@@ -119,7 +119,9 @@ class Storage(Dataset[Any]):
       :meth:`commit`. The defaults always decline.
     * :meth:`write_row` and :meth:`write_rows`: leaves already checked and converted
       (numpy rows of the layout's dtypes) written at a slot or at ring slots; the SB3
-      adapter writes its steps with them. The defaults decline (``False``).
+      adapter writes its steps with them. The defaults decline (``False``). A class whose
+      row writes always write (given a CPU, unshared storage) says so with
+      :attr:`writes_rows`.
 
     These are called directly, without a wrapper, so an override is the fast path itself.
     """
@@ -131,6 +133,19 @@ class Storage(Dataset[Any]):
     kind: ClassVar[str | None] = None
     #: The metadata file that marks a directory of :attr:`kind` (``None``: no format).
     marker_file: ClassVar[str | None] = None
+    #: Whether :meth:`~rbdata.storages.Storage.write_row` and
+    #: :meth:`~rbdata.storages.Storage.write_rows` write this class's items (for
+    #: implementers): a caller holding checked, converted rows (the SB3 adapter) may then
+    #: write a CPU, unshared storage with them instead of
+    #: :meth:`~rbdata.storages.Storage.prepare` and :meth:`~rbdata.storages.Storage.commit`.
+    #: Declared by each class for itself, never inherited (a subclass may do more per item
+    #: in ``commit``): ``False`` unless the class's own body sets it.
+    writes_rows: ClassVar[bool] = False
+
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "writes_rows" not in cls.__dict__:
+            cls.writes_rows = False  # not inherited: see writes_rows
 
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
         self._capacity = check_capacity(max_size)
@@ -225,7 +240,7 @@ class Storage(Dataset[Any]):
         An :class:`~rbdata._index.IndexBatch` (what rbdata's ``BatchSampler`` yields) adds
         ``"index"`` and the sampler's extras (e.g. ``"weight"``) to TensorDict batches.
         A batch on its way into ``DataLoader``'s ``default_collate`` passes it untouched
-        (see ``rbdata/storages/_collate.py``).
+        (:func:`rbdata.storages.wrap_for_collate`).
         """
         self._check_open()
         if type(indices) is IndexBatch:
@@ -233,9 +248,7 @@ class Storage(Dataset[Any]):
             batch = self.gather(idx, {"index": idx, **indices.extras})
         else:
             batch = self.gather(as_index_tensor(indices, len(self)), None)
-        if feeds_default_collate(sys._getframe(1)):
-            return mark_for_default_collate(batch)
-        return batch
+        return wrap_for_collate(batch, sys._getframe(1))
 
     def set(self, index: WriteIndex, data: Any) -> None:
         """Write ``data`` at ``index``: one item at an int, else a batch (leading dim = count).

@@ -71,6 +71,7 @@ class TensorStorage(Storage):
         (4, [[6.0, 7.0], [0.0, 1.0]])
     """
 
+    writes_rows = True  # write_row/write_rows write whenever the buffers are CPU numpy views
     _shared = False  # True for a MemmapStorage other processes write: no per-step path then
 
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:

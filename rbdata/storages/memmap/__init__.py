@@ -10,6 +10,7 @@
   memmap directory, ``describe`` for ``rbdata inspect``).
 """
 
+from rbdata.storages.memmap._directory import DirectoryWriter
 from rbdata.storages.memmap.storage import MemmapStorage
 
-__all__ = ["MemmapStorage"]
+__all__ = ["DirectoryWriter", "MemmapStorage"]

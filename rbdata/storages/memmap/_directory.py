@@ -253,10 +253,12 @@ def _start_writeback(ranges: list[tuple[int, int, int]]) -> None:
 class DirectoryWriter:
     """Write a new storage directory front to back, block by block, with plain file writes.
 
-    For building a large storage (an offline dataset) with memory bounded by one block: the
-    rows go to the leaf files with ``write``, not through a memory mapping, so written pages
-    are page cache, not resident memory of the process. The directory is complete (layout,
-    header, files of full size) only after :meth:`close`; :meth:`MemmapStorage.open` reads it.
+    For implementers of storage builders (the offline datasets' conversion uses it): a large
+    storage is built with memory bounded by one block. The rows go to the leaf files with
+    ``write``, not through a memory mapping, so written pages are page cache, not resident
+    memory of the process. The directory is complete (layout, header, files of full size)
+    only after :meth:`close`; :meth:`MemmapStorage.open
+    <rbdata.storages.MemmapStorage.open>` reads it.
 
     Args:
         path: the new directory (must not exist, or be empty).

@@ -122,6 +122,7 @@ class MemmapStorage(MemmapFiles):
         >>> storage.close()
     """
 
+    writes_rows = True  # see Storage.writes_rows (declared per class)
     _row: PackedRow | None = None  # the packed per-step add of a small layout (see add_fast)
     _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)

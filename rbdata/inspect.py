@@ -6,14 +6,14 @@ checkpoint written by :meth:`rbdata.ReplayBuffer.dumps` (``CURRENT``, or its liv
 subdirectory) and a converted D4RL/Minari cache entry (``dataset.json``), and returns a
 :class:`Summary`. Only metadata is read, through the readers that ``open``/``loads`` use (so
 it is validated the same way): the JSON files, the 64-byte memmap header, the tensor table of
-a checkpoint and, for a prioritized sampler, the roots of its trees (a few bytes). Data files
+a checkpoint and the few saved state elements its sampler shows (the roots of a prioritized
+sampler's trees; see :func:`rbdata.checkpoint.describe`). Data files
 are never opened or mapped, only their sizes taken; no symlink is followed; nothing is
 written. :func:`format_summary` renders the text report.
 """
 
 from __future__ import annotations
 
-import math
 import os
 import reprlib
 import stat
@@ -21,24 +21,16 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
-
-from rbdata._atomic import CURRENT, live_dir
-from rbdata._files import inside, open_nofollow
+from rbdata._atomic import CURRENT
+from rbdata._files import inside
 from rbdata._layout import STRING, TENSOR
-from rbdata.checkpoint import _FORMAT, _META, _TENSORS, FORMAT_VERSION, component_class
-from rbdata.checkpoint._codec import MARK, check_table
-from rbdata.checkpoint._storage_checks import DIR, check_storage
-from rbdata.checkpoint._validate import read_checkpoint_meta
-from rbdata.errors import CheckpointError
-from rbdata.samplers._trees.sumtree import ROOT
-from rbdata.samplers.prioritized import PrioritizedSampler
-from rbdata.storages import KeyInfo, Storage, StorageInfo, storage_kind, storage_kinds
+from rbdata.checkpoint import META_FILE
+from rbdata.checkpoint import describe as describe_checkpoint
+from rbdata.storages import KeyInfo, StorageInfo, storage_kind, storage_kinds
 
 __all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
 
-_DATASET_FILE = "dataset.json"  # rbdata.datasets._cache.DATASET_FILE (imported lazily)
-_MAX_LIST = 16  # longer lists of a component's state are shown by their length
+_DATASET_FILE = "dataset.json"  # rbdata.datasets.DATASET_FILE (imported lazily)
 
 
 @dataclass(frozen=True)
@@ -95,9 +87,9 @@ def inspect_path(path: str | os.PathLike[str]) -> Summary:
     if not root.is_dir():
         raise ValueError(f"{str(root)!r} is a file, not a storage directory or checkpoint")
     names = {entry.name for entry in os.scandir(root)}
-    if CURRENT in names or _META in names:
+    if CURRENT in names or META_FILE in names:
         kind = "checkpoint"
-        info, storage_class, extra, problems = _checkpoint(root, CURRENT in names)
+        info, storage_class, extra, problems = _checkpoint(root)
     elif _DATASET_FILE in names:
         kind = "dataset"
         info, storage_class, extra, problems = _dataset(root)
@@ -110,7 +102,7 @@ def inspect_path(path: str | os.PathLike[str]) -> Summary:
         markers = " or ".join(str(c.marker_file) for c in storage_kinds().values())
         raise ValueError(
             f"{str(root)!r} is {what}, not a storage directory or checkpoint (no {CURRENT}, "
-            f"{_META}, {_DATASET_FILE}, {markers})"
+            f"{META_FILE}, {_DATASET_FILE}, {markers})"
         )
     where = (extra if kind == "checkpoint" else None, extra if kind == "dataset" else None)
     path = os.path.abspath(root)
@@ -135,99 +127,16 @@ def _tree_size(root: Path) -> tuple[int, int]:
 
 
 # --- checkpoints -----------------------------------------------------------------------------
-def _checkpoint(root: Path, pointer: bool) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
-    live = live_dir(root) if pointer else root
-    file = live / _META
-    meta = read_checkpoint_meta(file, _FORMAT, FORMAT_VERSION)
-    try:
-        table = check_table(live / _TENSORS, meta["tensors"])
-    except CheckpointError as err:
-        table, problems = [], [str(err)]
-    else:
-        problems = []
-    entry = meta["storage"]
-    storage_class = entry["class"]
-    cls = component_class(storage_class, "storage")
-    check_storage(cls, entry["config"], entry["state"], live)  # what loads checks first
-    storage_cls: type[Storage] = cls
-    try:  # the storage class reads what its own dump wrote (metadata only)
-        info, more = storage_cls.describe(live / DIR, entry["config"], entry["state"], file)
-    except CheckpointError:
-        raise
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
-    problems += more
-    extra: dict[str, Any] = {
-        "live": live.name,
-        "batch_size": meta["batch_size"],
-        "checksums": isinstance(meta.get("checksums"), dict),
-    }
-    for kind in ("sampler", "writer"):
-        extra[kind] = _component(meta[kind], kind, live, table)
-    return info, storage_class, extra, problems
-
-
-def _component(entry: dict[str, Any], kind: str, live: Path, table: list[Any]) -> dict[str, Any]:
-    """Class, config and state of a sampler or writer; tensors shown by dtype and shape."""
-    name = entry["class"]
-    out: dict[str, Any] = {"class": name}
-    try:
-        cls: type | None = component_class(name, kind)
-    except CheckpointError:
-        cls, out["registered"] = None, False  # a custom class of another program
-    out["config"] = _plain(entry["config"], table)
-    state = entry["state"]
-    out["state"] = _plain(state, table)
-    shown = out["state"]
-    if cls is not None and issubclass(cls, PrioritizedSampler) and isinstance(shown, dict):
-        for key, tree in (("total_priority", "sum_tree"), ("min_priority", "min_tree")):
-            shown[key] = _tree_root(live / _TENSORS, table, state.get(tree))
-    return out
-
-
-def _plain(value: Any, table: list[Any]) -> Any:
-    """An encoded config/state value for display: tensors as ``<tensor dtype [shape]>``."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return str(value)
-    if isinstance(value, list):
-        if len(value) > _MAX_LIST:
-            return f"<list of {len(value)}>"
-        return [_plain(v, table) for v in value]
-    if not isinstance(value, dict):
-        return value
-    mark = value.get(MARK)
-    if mark is None:
-        return {str(k): _plain(v, table) for k, v in value.items()}
-    if mark == "tensor":
-        i = value.get("i")
-        if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(table):
-            dtype, shape = table[i][0], table[i][1]
-            return f"<tensor {str(dtype).removeprefix('torch.')} {list(shape)}>"
-        return "<tensor>"
-    if mark in ("dtype", "device"):
-        return str(value.get("name"))
-    if mark == "tuple":
-        return _plain(value.get("items"), table)
-    return f"<{mark}>"
-
-
-def _tree_root(file: Path, table: list[Any], ref: Any) -> float | None:
-    """Element :data:`ROOT` of a saved priority tree (one ``pread``), if it is one."""
-    i = ref.get("i") if isinstance(ref, dict) and ref.get(MARK) == "tensor" else None
-    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(table):
-        return None
-    dtype, shape, offset, _ = table[i]
-    if not dtype.is_floating_point or len(shape) != 1 or shape[0] <= ROOT:
-        return None
-    with open_nofollow(file, "rb") as f:
-        raw = os.pread(f.fileno(), dtype.itemsize, offset + ROOT * dtype.itemsize)
-    value = float(torch.frombuffer(bytearray(raw), dtype=dtype)[0])
-    return value if math.isfinite(value) else None
+def _checkpoint(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
+    c = describe_checkpoint(root)  # the checkpoint package reads its own format
+    extra: dict[str, Any] = {"live": c.live, "batch_size": c.batch_size}
+    extra.update(checksums=c.checksums, sampler=c.sampler, writer=c.writer)
+    return c.storage, c.storage_class, extra, list(c.problems)
 
 
 # --- offline dataset cache entries -------------------------------------------------------------
 def _dataset(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
-    from rbdata.datasets._cache import STORAGE_DIR, read_entry
+    from rbdata.datasets import STORAGE_DIR, read_entry
 
     meta = read_entry(root)
     file = root / _DATASET_FILE
@@ -281,7 +190,7 @@ def format_summary(summary: Summary) -> str:
           KEY  SHAPE  DTYPE
           obs  [2]    float32
     """
-    from rbdata.datasets._commands import human_size
+    from rbdata.datasets import human_size
 
     s, st = summary, summary.storage
     kind = _TITLES[s.kind]

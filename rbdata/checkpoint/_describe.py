@@ -1,0 +1,177 @@
+"""What a checkpoint on disk holds, its data unread: :func:`describe` (``rbdata inspect``).
+
+Only metadata is read, through the readers that :func:`~rbdata.checkpoint.load` uses (so it
+is validated the same way): ``checkpoint.json``, the tensor table of ``tensors.bin``, the
+storage's own metadata (:meth:`~rbdata.storages.Storage.describe`) and the few elements of
+saved state tensors a sampler asks for (:meth:`~rbdata.samplers.base.Sampler.describe_state`,
+one ``pread`` each). Data files are never opened or mapped; nothing is written.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from rbdata._atomic import CURRENT, live_dir
+from rbdata._files import open_nofollow
+from rbdata.checkpoint._codec import MARK, check_table
+from rbdata.checkpoint._storage_checks import DIR, check_storage
+from rbdata.checkpoint._validate import read_checkpoint_meta
+from rbdata.errors import CheckpointError
+from rbdata.samplers.base import Sampler
+from rbdata.storages import Storage, StorageInfo
+
+__all__ = ["CheckpointInfo", "describe"]
+
+_MAX_LIST = 16  # longer lists of a component's state are shown by their length
+
+
+@dataclass(frozen=True)
+class CheckpointInfo:
+    """What :func:`describe` read of a checkpoint.
+
+    ``sampler`` and ``writer`` hold the component's ``class``, ``config`` and ``state`` as
+    JSON-able values for display (a tensor shown as ``<tensor dtype [shape]>``, a list longer
+    than 16 by its length), ``"registered": False`` for a class unknown here, and a sampler's
+    :meth:`~rbdata.samplers.base.Sampler.describe_state` values added to its state.
+    ``problems`` lists what :func:`~rbdata.checkpoint.load` would refuse although the
+    metadata is readable (a truncated ``tensors.bin``, a storage file cut short...).
+    """
+
+    #: the live subdirectory's name (the directory itself when given one)
+    live: str
+    batch_size: int | None
+    #: whether ``checkpoint.json`` records checksums (``dump(..., checksums=True)``)
+    checksums: bool
+    storage_class: str
+    storage: StorageInfo
+    sampler: dict[str, Any]
+    writer: dict[str, Any]
+    problems: tuple[str, ...] = ()
+
+
+def describe(path: str | os.PathLike[str]) -> CheckpointInfo:
+    """Describe the checkpoint at ``path`` (with ``CURRENT``, or its live subdirectory).
+
+    Raises:
+        CheckpointError: its metadata is missing or corrupt (the message names the file and
+            the field), or a component class is not registered.
+        OSError: a metadata file cannot be read.
+
+    Examples:
+        >>> import tempfile, torch
+        >>> from rbdata import ReplayBuffer, TensorStorage
+        >>> rb = ReplayBuffer(storage=TensorStorage(8), batch_size=2)
+        >>> rb.extend(torch.zeros(3, 2))
+        tensor([0, 1, 2])
+        >>> with tempfile.TemporaryDirectory() as tmp:
+        ...     rb.dumps(tmp + "/ckpt")
+        ...     info = describe(tmp + "/ckpt")
+        >>> info.storage_class, info.storage.length, info.batch_size, info.sampler["class"]
+        ('TensorStorage', 3, 2, 'UniformSampler')
+    """
+    from rbdata.checkpoint import _FORMAT, _TENSORS, FORMAT_VERSION, META_FILE, component_class
+
+    root = Path(path)
+    live = live_dir(root) if os.path.lexists(root / CURRENT) else root
+    file = live / META_FILE
+    meta = read_checkpoint_meta(file, _FORMAT, FORMAT_VERSION)
+    try:
+        table = check_table(live / _TENSORS, meta["tensors"])
+    except CheckpointError as err:
+        table, problems = [], [str(err)]
+    else:
+        problems = []
+    entry = meta["storage"]
+    storage_class = entry["class"]
+    cls = component_class(storage_class, "storage")
+    check_storage(cls, entry["config"], entry["state"], live)  # what load checks first
+    storage_cls: type[Storage] = cls
+    try:  # the storage class reads what its own dump wrote (metadata only)
+        info, more = storage_cls.describe(live / DIR, entry["config"], entry["state"], file)
+    except CheckpointError:
+        raise
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
+    problems += more
+    parts = {}
+    for kind in ("sampler", "writer"):
+        part = meta[kind]
+        name = part["class"]
+        try:
+            part_cls: type | None = component_class(name, kind)
+        except CheckpointError:
+            part_cls = None  # a custom class of another program
+        parts[kind] = _component(part, part_cls, live / _TENSORS, table)
+    return CheckpointInfo(
+        live=live.name,
+        batch_size=meta["batch_size"],
+        checksums=isinstance(meta.get("checksums"), dict),
+        storage_class=storage_class,
+        storage=info,
+        sampler=parts["sampler"],
+        writer=parts["writer"],
+        problems=tuple(problems),
+    )
+
+
+def _component(entry: dict[str, Any], cls: type | None, file: Path, table: list[Any]) -> Any:
+    """Class, config and state of a sampler or writer; tensors shown by dtype and shape."""
+    out: dict[str, Any] = {"class": entry["class"]}
+    if cls is None:
+        out["registered"] = False
+    out["config"] = _plain(entry["config"], table)
+    state = entry["state"]
+    out["state"] = shown = _plain(state, table)
+    if cls is not None and issubclass(cls, Sampler) and isinstance(shown, dict):
+
+        def read(value: Any, i: int) -> float | None:
+            return _element(file, table, value, i)
+
+        shown.update(cls.describe_state(state, read))
+    return out
+
+
+def _plain(value: Any, table: list[Any]) -> Any:
+    """An encoded config/state value for display: tensors as ``<tensor dtype [shape]>``."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return str(value)
+    if isinstance(value, list):
+        if len(value) > _MAX_LIST:
+            return f"<list of {len(value)}>"
+        return [_plain(v, table) for v in value]
+    if not isinstance(value, dict):
+        return value
+    mark = value.get(MARK)
+    if mark is None:
+        return {str(k): _plain(v, table) for k, v in value.items()}
+    if mark == "tensor":
+        i = value.get("i")
+        if isinstance(i, int) and not isinstance(i, bool) and 0 <= i < len(table):
+            dtype, shape = table[i][0], table[i][1]
+            return f"<tensor {str(dtype).removeprefix('torch.')} {list(shape)}>"
+        return "<tensor>"
+    if mark in ("dtype", "device"):
+        return str(value.get("name"))
+    if mark == "tuple":
+        return _plain(value.get("items"), table)
+    return f"<{mark}>"
+
+
+def _element(file: Path, table: list[Any], ref: Any, index: int) -> float | None:
+    """Element ``index`` of the saved 1-D floating tensor ``ref`` (one ``pread``), if any."""
+    i = ref.get("i") if isinstance(ref, dict) and ref.get(MARK) == "tensor" else None
+    if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(table):
+        return None
+    dtype, shape, offset, _ = table[i]
+    if not dtype.is_floating_point or len(shape) != 1 or not 0 <= index < shape[0]:
+        return None
+    with open_nofollow(file, "rb") as f:
+        raw = os.pread(f.fileno(), dtype.itemsize, offset + index * dtype.itemsize)
+    value = float(torch.frombuffer(bytearray(raw), dtype=dtype)[0])
+    return value if math.isfinite(value) else None
