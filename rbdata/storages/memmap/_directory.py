@@ -21,7 +21,7 @@ import torch
 
 from rbdata._files import atomic_write_json, check_dir, inside, open_nofollow
 from rbdata._layout import TENSOR, Layout
-from rbdata.storages.memmap._journal import (
+from rbdata.storages.memmap._header import (
     HEADER_BYTES,
     encode_header,
 )
