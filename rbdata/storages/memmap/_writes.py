@@ -46,7 +46,7 @@ __all__ = [
 def commit(
     storage: MemmapStorage, index: int | list[slice] | torch.Tensor, prepared: Prepared
 ) -> None:
-    """Write prepared data at a normalised index, atomically (see the module docstring)."""
+    """Write prepared data at a normalised index, atomically (see ``memmap/storage.py``)."""
     storage._check_open()
     if prepared.layout is not None:
         # a shared storage: fixed by another process since this one prepared the data?
@@ -94,7 +94,7 @@ def commit(
 def add_fast(storage: MemmapStorage, slot: int, item: Any, check: Any = None) -> bool:
     """:meth:`TensorStorage.add_fast`; a small layout's item packed and written at once.
 
-    See ``rbdata/storages/_packed.py``: one ``struct`` call and one kernel instead of a
+    See ``rbdata/storages/memmap/_packed.py``: one ``struct`` call and one kernel instead of a
     numpy assignment per leaf, twice (journal and file) for an overwrite.
     """
     row = storage._row
