@@ -21,7 +21,7 @@ from tensordict import TensorDict
 from rbdata import ReplayBuffer, TensorStorage
 from rbdata._layout import Layout
 from rbdata.storages import MemmapStorage
-from rbdata.storages.memmap._journal import _decode_header
+from rbdata.storages.memmap._header import decode_header
 from rbdata.storages.memmap._packed import crc32, packable
 
 CAP = 8
@@ -63,7 +63,7 @@ def ids_of(storage: Any) -> list[int]:
 
 def header_words(root: Path) -> tuple[int, int]:
     data = (root / "header.bin").read_bytes()
-    return _decode_header(np.frombuffer(data, dtype=np.int64).tolist(), root / "header.bin")
+    return decode_header(np.frombuffer(data, dtype=np.int64).tolist(), root / "header.bin")
 
 
 def test_the_kernel_crc_is_zlib_crc32() -> None:

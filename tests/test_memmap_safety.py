@@ -114,7 +114,7 @@ def test_symlinked_storage_directory_is_refused(tmp_path: Path) -> None:
     [(6, 100, "next"), (6, -3, "next"), (9, 1, "length"), (-1, 0, "length"), (3, 5, "next")],
 )
 def test_header_fields_are_range_checked(tmp_path: Path, length: int, nxt: int, field: str) -> None:
-    from rbdata.storages.memmap._journal import encode_header
+    from rbdata.storages.memmap._header import encode_header
 
     root = six_of_eight(tmp_path / "st")
     (root / "header.bin").write_bytes(encode_header(length, nxt))

@@ -22,7 +22,7 @@ import sys
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar
 
 import torch
 from torch.utils.data import Dataset
@@ -32,72 +32,15 @@ from rbdata._layout import Layout
 from rbdata._layout_keys import is_structured
 from rbdata._layout_values import EMPTY_BATCH, stack_items
 from rbdata.errors import CheckpointError
+from rbdata.storages._codec import Codec
 from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._describe import StorageInfo
+from rbdata.storages._prepared import Prepared, write_target
 
 __all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
-
-
-class Prepared:
-    """Validated data ready to be committed: leaves in layout order (or objects) and a size."""
-
-    __slots__ = ("batched", "layout", "n", "payload")
-
-    def __init__(self, payload: list[Any], n: int, layout: Layout | None, batched: bool) -> None:
-        self.payload = payload
-        self.n = n
-        self.layout = layout
-        self.batched = batched
-
-    def take(self, rows: Sequence[int] | torch.Tensor) -> Prepared:
-        """The batch rows at ``rows`` (in that order) as a new batched ``Prepared``.
-
-        Tensor leaves are gathered with ``index_select`` on dim 0; lists (objects of a
-        :class:`~rbdata.storages.ListStorage`, variable-length leaves of an
-        :class:`~rbdata.storages.ArrowStorage`) are picked by position. Writers
-        use it to commit only part of a validated batch.
-
-        Raises:
-            ValueError: if this is a single item, not a batch.
-            IndexError: if a row is out of range for the batch.
-
-        Examples:
-            >>> from rbdata.storages import TensorStorage
-            >>> prepared = TensorStorage(4).prepare(torch.arange(6.0).view(3, 2), batched=True)
-            >>> sub = prepared.take([2, 0])
-            >>> sub.n, sub.payload[0].tolist()
-            (2, [[4.0, 5.0], [0.0, 1.0]])
-        """
-        if not self.batched:
-            raise ValueError("rows: take needs a batch, this is a single item")
-        idx = as_index_tensor(rows, self.n, "batch", "size")
-        if self.layout is None:
-            payload = [self.payload[i] for i in idx.tolist()]
-        else:
-            rows = idx.tolist() if any(type(t) is list for t in self.payload) else []
-            payload = [
-                [t[i] for i in rows] if type(t) is list else t.index_select(0, idx.to(t.device))
-                for t in self.payload
-            ]
-        return Prepared(payload, int(idx.numel()), self.layout, True)
-
-
-class Codec(Protocol):
-    """The pickle-free encoding that checkpoints lend to a storage's persistence hooks.
-
-    ``encode`` turns a value (nested containers, numbers, strings, tensors...) into JSON,
-    appending its tensors to ``tensors``; ``decode`` does the reverse and checks what it
-    reads. ``where`` names the value in error messages. See :mod:`rbdata.checkpoint`.
-    """
-
-    def encode(self, obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
-        """``obj`` as JSON, its tensors appended to ``tensors``."""
-
-    def decode(self, obj: Any, tensors: list[torch.Tensor], where: str) -> Any:
-        """The value that ``encode`` turned into ``obj`` (checked)."""
 
 
 class Storage(Dataset[Any]):
@@ -493,32 +436,8 @@ class Storage(Dataset[Any]):
         self._set_next(last % self.capacity)
 
     def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
-        cap = self.capacity
-        if type(index) is slice:  # the common case first: one run
-            lo, hi = index.start, index.stop
-            negative = (lo is not None and lo < 0) or (hi is not None and hi < 0)
-            start, stop, step = index.indices(len(self) if negative else cap)
-            if step != 1:
-                return self._write_target(torch.arange(start, stop, step), n)
-            stop = max(start, stop)
-            if stop - start != n:
-                raise ValueError(f"index: {stop - start} slots for a batch of {n} items")
-            return [slice(start, stop)]
-        if isinstance(index, list) and index and all(isinstance(s, slice) for s in index):
-            runs = []
-            for run in index:
-                start, stop, step = run.indices(cap)
-                if step != 1:
-                    return self._write_target(torch.arange(start, stop, step), n)
-                runs.append(slice(start, max(start, stop)))
-            count = sum(r.stop - r.start for r in runs)
-            if count != n:
-                raise ValueError(f"index: {count} slots for a batch of {n} items")
-            return runs
-        idx = as_index_tensor(index, cap, "storage", "capacity", negative_base=len(self))
-        if idx.numel() != n:
-            raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
-        return idx
+        """``index`` of a batched :meth:`set` of ``n`` items, normalised (see ``_prepared.py``)."""
+        return write_target(index, n, self.capacity, len(self))
 
     def _ensure_layout(self, layout: Layout) -> None:
         """Allocate for ``layout`` and fix it, unless a layout is fixed already."""

@@ -2,7 +2,13 @@
 
 - :mod:`~rbdata.storages.memmap.storage`: :class:`MemmapStorage`, the map-style dataset;
 - ``_directory``: the on-disk layout (``meta.json``, one ``.bin`` per leaf) and its writer;
-- ``_journal``: the write-ahead journal that makes a killed write replayable;
+- ``_lifecycle``: opening (validated, a committed journal replayed), pickling, closing;
+- ``_writes``: the write path (commits, the per-step fast paths, journal transactions);
+- ``_sharing``: how a storage becomes shared between processes, and its write lock;
+- ``_header``: ``header.bin``, the double record published after every write;
+- ``_journal``: the redo journal that makes a killed write replayable
+  (``_journal_format``: its on-disk format);
+- ``_rawfile``: opening, creating and mapping the raw files (no symlinks);
 - ``_packed``: the numba row writer of the per-step ``add``;
 - ``_shared``: the state shared by the processes of a shared storage;
 - ``_versions``: the per-slot seqlock words that let readers detect a torn row;

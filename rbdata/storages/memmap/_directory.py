@@ -28,7 +28,7 @@ from rbdata._files import (
     start_writeback,
 )
 from rbdata._layout import TENSOR, Layout
-from rbdata.storages.memmap._journal import (
+from rbdata.storages.memmap._header import (
     HEADER_BYTES,
     encode_header,
 )

@@ -34,9 +34,9 @@ import torch
 
 from rbdata._layout import TENSOR, Layout
 from rbdata._numba import fence, voidptr
-from rbdata.storages.memmap._journal import (
+from rbdata.storages.memmap._header import HEADER_TERMS
+from rbdata.storages.memmap._journal_format import (
     COMMITTED,
-    HEADER_TERMS,
     JOURNAL_HEAD,
     Plan,
     payload_offsets,

@@ -37,7 +37,7 @@ from rbdata.storages.memmap._directory import (
     read_layout,
     write_directory,
 )
-from rbdata.storages.memmap._journal import Header
+from rbdata.storages.memmap._header import Header
 from rbdata.storages.tensor import TensorStorage
 
 if TYPE_CHECKING:

@@ -13,7 +13,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rbdata.storages.memmap._journal import HEADER_BYTES, _open_fd, _regular_size
+from rbdata.storages.memmap._header import HEADER_BYTES
+from rbdata.storages.memmap._rawfile import open_fd, regular_size
 
 __all__ = ["SharedState"]
 
@@ -42,9 +43,9 @@ class SharedState:
             self._words = memoryview(self._local).cast("q")
             self._words[0], self._words[1] = _SMAGIC, seed
             return
-        self._fd = _open_fd(path, os.O_RDWR | os.O_CREAT, "shared.bin")
+        self._fd = open_fd(path, os.O_RDWR | os.O_CREAT, "shared.bin")
         try:
-            size = _regular_size(self._fd, path)
+            size = regular_size(self._fd, path)
             if size < HEADER_BYTES:  # new (or a directory from before it): zeros, then magic
                 os.ftruncate(self._fd, HEADER_BYTES)
             elif size != HEADER_BYTES:
@@ -88,7 +89,7 @@ class SharedState:
             return
         if os.getpid() != self._pid:  # a forked child: its own open file description
             assert self.path is not None
-            self._fd = _open_fd(self.path, os.O_RDWR, "shared.bin")
+            self._fd = open_fd(self.path, os.O_RDWR, "shared.bin")
             self._pid = os.getpid()
         fcntl.flock(self._fd, fcntl.LOCK_EX)
 

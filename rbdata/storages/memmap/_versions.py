@@ -36,7 +36,7 @@ import numpy as np
 import torch
 
 from rbdata._numba import fence
-from rbdata.storages.memmap._journal import _open_fd, _regular_size
+from rbdata.storages.memmap._rawfile import open_fd, regular_size
 
 __all__ = ["VERSIONS_FILE", "SlotVersions", "barrier", "consistent_rows", "slots_of"]
 
@@ -120,9 +120,9 @@ class SlotVersions:
 
     def __init__(self, path: Path, capacity: int) -> None:
         nbytes = (capacity + 1) * 8  # a word per slot, then the storage-wide stamp
-        fd = _open_fd(path, os.O_RDWR | os.O_CREAT, VERSIONS_FILE)
+        fd = open_fd(path, os.O_RDWR | os.O_CREAT, VERSIONS_FILE)
         try:
-            size = _regular_size(fd, path)
+            size = regular_size(fd, path)
             if size == 0:  # new: every slot even (no write in progress)
                 os.ftruncate(fd, nbytes)
             elif size != nbytes:

@@ -1,0 +1,96 @@
+"""The raw files of a :class:`~rbdata.storages.MemmapStorage`: opened, created, mapped.
+
+Only plain files are used, never symlinks (``O_NOFOLLOW``): :func:`open_fd` refuses a symlink
+with a ``ValueError`` naming the file, :func:`regular_size` anything but a regular file. A
+data file's space is reserved when it is created (:func:`create_file`), so a full disk is an
+``OSError`` at the first write, never a SIGBUS.
+"""
+
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+__all__ = ["as_tensor", "create_file", "map_file", "open_fd", "regular_size"]
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def open_fd(path: Path, flags: int, what: str) -> int:
+    try:
+        return os.open(path, flags | _NOFOLLOW, 0o644)
+    except OSError as err:
+        if err.errno == errno.ELOOP:
+            raise ValueError(f"{str(path)!r}: a symlink; {what} may not be a symlink") from err
+        raise
+
+
+def regular_size(fd: int, path: Path) -> int:
+    st = os.fstat(fd)
+    if not (st.st_mode & 0o170000) == 0o100000:
+        raise ValueError(f"{path}: not a regular file")
+    return st.st_size
+
+
+def create_file(path: Path, size: int) -> None:
+    """Create ``path`` (no symlink followed) with ``size`` bytes reserved on disk.
+
+    The space is reserved with ``posix_fallocate`` (a full disk is an ``OSError`` here, not a
+    SIGBUS at the first write through a mapping); where that is unsupported the file is sized
+    with ``ftruncate`` (sparse). On error the file is removed.
+    """
+    fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, "a storage file")
+    try:
+        if size:
+            try:
+                os.posix_fallocate(fd, 0, size)
+            except AttributeError:  # pragma: no cover - no posix_fallocate (macOS)
+                os.ftruncate(fd, size)
+            except OSError as err:
+                if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+                    raise OSError(
+                        err.errno, f"{path}: cannot reserve {size} bytes ({err.strerror})"
+                    ) from err
+                os.ftruncate(fd, size)
+    except BaseException:
+        os.close(fd)
+        path.unlink(missing_ok=True)
+        raise
+    os.close(fd)
+
+
+def as_tensor(buf: Any, offset: int, nbytes: int, dtype: torch.dtype, shape: Any) -> torch.Tensor:
+    flat = torch.from_numpy(np.frombuffer(buf, dtype=np.uint8, count=nbytes, offset=offset))
+    return flat.view(dtype).view(shape)
+
+
+def map_file(
+    path: Path, dtype: torch.dtype, shape: tuple[int, ...], expected: int, private: bool, key: str
+) -> tuple[torch.Tensor, np.ndarray | None]:
+    """Map an existing data file of exactly ``expected`` bytes (symlinks refused).
+
+    Returns the tensor and the ``uint8`` numpy array over the mapping that owns its memory
+    (``None`` for an empty file): the storage holds it, see ``rbdata/storages/_memory.py``.
+    """
+    fd = open_fd(path, os.O_RDONLY if private else os.O_RDWR, "a storage file")
+    try:
+        size = regular_size(fd, path)
+        if size != expected:
+            raise ValueError(
+                f"{path}: {size} bytes on disk, expected {expected} for key {key} "
+                f"({shape[0]} x {list(shape[1:])} {dtype}); truncated or corrupt"
+            )
+        if expected == 0:
+            return torch.zeros(shape, dtype=dtype), None
+        access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE
+        mm = mmap.mmap(fd, expected, access=access)
+    finally:
+        os.close(fd)
+    raw = np.frombuffer(mm, dtype=np.uint8, count=expected)
+    return torch.from_numpy(raw).view(dtype).view(shape), raw
