@@ -47,6 +47,7 @@ __all__ = [
     "open_chunk",
     "seal",
     "seal_left",
+    "write_one",
     "write_runs",
     "write_targets",
     "write_slots",
@@ -155,6 +156,18 @@ def write_runs(
                 chunk.variable[j][row : row + count] = variable_values(leaves[pos], values)
             offset += count
             start = stop
+
+
+def write_one(storage: ArrowStorage, index: int, payload: list[Any]) -> None:
+    """Write one item (an unbatched payload) at slot ``index``."""
+    layout = storage._layout
+    assert layout is not None
+    batch = [
+        [v] if layout.leaves[i].kind != TENSOR else torch.as_tensor(v).unsqueeze(0)
+        for i, v in enumerate(payload)
+    ]
+    slot = np.array([index], dtype=np.int64)
+    write_slots(storage, slot, fixed_arrays(layout, storage._fixed, batch), batch)
 
 
 def write_slots(

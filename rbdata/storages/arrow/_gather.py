@@ -9,6 +9,7 @@ table, never a Python object per row. String and ragged leaves are taken per chu
 
 from __future__ import annotations
 
+import warnings
 from typing import TYPE_CHECKING, Any
 
 import numba
@@ -16,14 +17,15 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack
 
-from rbdata._layout import STRING, Leaf
+from rbdata._layout import STRING, Key, Leaf
 from rbdata._numba import voidptr as _nb_voidptr
 from rbdata.storages.arrow._items import load_pyarrow, ragged_rows
 
 if TYPE_CHECKING:
     from rbdata.storages.arrow._chunks import Chunk
+    from rbdata.storages.arrow.storage import ArrowStorage
 
-__all__ = ["chunk_addresses", "gather_rows", "gather_variable", "variable_rows"]
+__all__ = ["chunk_addresses", "chunk_column", "gather_rows", "gather_variable", "variable_rows"]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -118,3 +120,25 @@ def variable_rows(c: Chunk, j: int, pos: int, leaf: Leaf, rows: np.ndarray) -> l
     if leaf.kind == STRING:
         return [s if s is not None else "" for s in taken.to_pylist()]
     return ragged_rows(pa, taken, leaf)
+
+
+def chunk_column(storage: ArrowStorage, key: str | Key, chunk: int) -> Any:
+    """The rows of one leaf in one chunk (:meth:`ArrowStorage.column`)."""
+    storage._check_open()
+    layout = storage._layout
+    key = (key,) if isinstance(key, str) else tuple(key)
+    if layout is None or key not in layout.keys:
+        raise KeyError(f"no key {key!r} in this storage")
+    c = storage._chunks.get(chunk) if isinstance(chunk, int) else None
+    if c is None:
+        raise IndexError(f"chunk {chunk} holds no rows")
+    pos = layout.keys.index(key)
+    # an open chunk holds chunk_size rows, filled or not: only the filled ones are rows
+    rows = min(c.rows, max(0, storage._length - chunk * storage.chunk_size))
+    if pos in storage._fixed:
+        view = c.fixed[storage._fixed.index(pos)][:rows]
+        with warnings.catch_warnings():  # a read-only mapping: documented as read-only
+            warnings.simplefilter("ignore", UserWarning)
+            return torch.from_numpy(view)
+    j = storage._variable.index(pos)
+    return variable_rows(c, j, pos, layout.leaves[pos], np.arange(rows))

@@ -4,7 +4,8 @@ A record's body (framed by :mod:`~rbdata.storages.arrow._journal`) is ``n`` int6
 then per fixed-shape leaf its ``n`` rows as raw bytes (layout order), then, only with
 variable-length leaves, an Arrow IPC stream of those columns. :func:`log_write` appends a
 write's record before the write is applied; :func:`decode_record` turns a record back into
-slots and a batched payload, checked (a ``ValueError`` naming the journal if it is wrong).
+slots and a batched payload, checked (a ``ValueError`` naming the journal if it is wrong);
+:func:`replay` applies the whole records that :meth:`ArrowStorage.open` found.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import torch
 
 from rbdata._layout import STRING, TENSOR
 from rbdata.storages.arrow._checks import arrow_type
+from rbdata.storages.arrow._chunks import seal_left
 from rbdata.storages.arrow._items import (
     fixed_arrays,
     load_pyarrow,
@@ -24,12 +26,12 @@ from rbdata.storages.arrow._items import (
     variable_values,
 )
 from rbdata.storages.arrow._journal import JOURNAL_FILE, Journal
-from rbdata.storages.base import Prepared
+from rbdata.storages.base import Prepared, Storage
 
 if TYPE_CHECKING:
     from rbdata.storages.arrow.storage import ArrowStorage
 
-__all__ = ["decode_record", "log_write"]
+__all__ = ["decode_record", "log_write", "replay"]
 
 
 def log_write(storage: ArrowStorage, journal: Journal, index: Any, prepared: Prepared) -> None:
@@ -113,3 +115,21 @@ def decode_record(
                 rows = ragged_rows(pa, column, leaf)
                 payload[pos] = [torch.from_numpy(np.array(r)) for r in rows]
     return torch.from_numpy(slots), payload
+
+
+def replay(storage: ArrowStorage, records: list[tuple[int, memoryview]]) -> None:
+    """Apply whole journal records, then write every row to the chunks (``storage``'s docs)."""
+    if not records:
+        return
+    layout = storage._layout
+    if layout is None:
+        raise ValueError(f"{storage._path / JOURNAL_FILE}: records but no layout in the metadata")
+    storage._replaying = True
+    try:
+        for n, body in records:
+            slots, payload = decode_record(storage, n, body)
+            Storage.commit(storage, slots, Prepared(payload, n, layout, True))
+            seal_left(storage)
+    finally:
+        storage._replaying = False
+    storage._sync(fsync=True)

@@ -55,7 +55,6 @@ own booleans are bit-packed.
 from __future__ import annotations
 
 import os
-import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -72,25 +71,24 @@ from rbdata.storages.arrow._chunks import (
     open_chunk,
     seal,
     seal_left,
+    write_one,
     write_runs,
-    write_slots,
 )
 from rbdata.storages.arrow._gather import (
     chunk_addresses,
+    chunk_column,
     gather_rows,
     gather_variable,
-    variable_rows,
 )
 from rbdata.storages.arrow._items import (
-    fixed_arrays,
     is_item_list,
     load_pyarrow,
     stack_variable_items,
 )
-from rbdata.storages.arrow._journal import JOURNAL_FILE, Journal, read_journal
+from rbdata.storages.arrow._journal import Journal, read_journal
 from rbdata.storages.arrow._lifecycle import flush_when_dropped, read_dir, write_meta
 from rbdata.storages.arrow._persist import ArrowFiles
-from rbdata.storages.arrow._records import decode_record, log_write
+from rbdata.storages.arrow._records import log_write, replay
 from rbdata.storages.base import Prepared, Storage
 
 __all__ = ["ArrowStorage"]
@@ -231,26 +229,9 @@ class ArrowStorage(ArrowFiles):
         if recover:
             records = read_journal(root, self._epoch)
             self._journal = Journal(root)
-            self._replay(records)
+            replay(self, records)
             self._dropped = flush_when_dropped(self)
         return self
-
-    def _replay(self, records: list[tuple[int, memoryview]]) -> None:
-        """Apply whole journal records, then write every row to the chunks (see module)."""
-        if not records:
-            return
-        layout = self._layout
-        if layout is None:
-            raise ValueError(f"{self._path / JOURNAL_FILE}: records but no layout in the metadata")
-        self._replaying = True
-        try:
-            for n, body in records:
-                slots, payload = decode_record(self, n, body)
-                Storage.commit(self, slots, Prepared(payload, n, layout, True))
-                seal_left(self)
-        finally:
-            self._replaying = False
-        self._sync(fsync=True)
 
     def flush(self) -> None:
         """Write every row to the chunk files and the metadata, fsync'ed (then plain Arrow)."""
@@ -335,24 +316,7 @@ class ArrowStorage(ArrowFiles):
         memory-mapped file (or the chunk held in memory); bool leaves are bit-packed in Arrow
         and come back as a copy. Variable leaves give a list.
         """
-        self._check_open()
-        layout = self._layout
-        key = (key,) if isinstance(key, str) else tuple(key)
-        if layout is None or key not in layout.keys:
-            raise KeyError(f"no key {key!r} in this storage")
-        c = self._chunks.get(chunk) if isinstance(chunk, int) else None
-        if c is None:
-            raise IndexError(f"chunk {chunk} holds no rows")
-        pos = layout.keys.index(key)
-        # an open chunk holds chunk_size rows, filled or not: only the filled ones are rows
-        rows = min(c.rows, max(0, self._length - chunk * self.chunk_size))
-        if pos in self._fixed:
-            view = c.fixed[self._fixed.index(pos)][:rows]
-            with warnings.catch_warnings():  # a read-only mapping: documented as read-only
-                warnings.simplefilter("ignore", UserWarning)
-                return torch.from_numpy(view)
-        j = self._variable.index(pos)
-        return variable_rows(c, j, pos, layout.leaves[pos], np.arange(rows))
+        return chunk_column(self, key, chunk)
 
     def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """The items at ``idx``: the fixed-shape leaves copied by one kernel over the chunks."""
@@ -479,11 +443,4 @@ class ArrowStorage(ArrowFiles):
         write_runs(self, index, payload)
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
-        layout = self._layout
-        assert layout is not None
-        batch = [
-            [v] if layout.leaves[i].kind != TENSOR else torch.as_tensor(v).unsqueeze(0)
-            for i, v in enumerate(payload)
-        ]
-        slot = np.array([index], dtype=np.int64)
-        write_slots(self, slot, fixed_arrays(layout, self._fixed, batch), batch)
+        write_one(self, index, payload)
