@@ -36,7 +36,7 @@ class TestMemmapStorage(StorageContract):
 
 
 class TestArrowStorage(StorageContract):
-    gather_function = (arrow_module, "_gather_rows")  # every fixed leaf in one kernel call
+    gather_function = (arrow_module, "gather_rows")  # every fixed leaf in one kernel call
     gather_per_leaf = False
 
     def make(self, capacity: int) -> Storage:

@@ -15,19 +15,33 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from rbdata._layout import Key, Leaf, flatten, nest
+from rbdata._layout import RAGGED, Key, Layout, Leaf, flatten, nest
 from rbdata._layout_keys import key_name, non_tensor_value
 from rbdata._layout_values import EMPTY_BATCH, explain_items, to_tensor
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY
 
 __all__ = [
     "fixed_array",
+    "fixed_arrays",
     "is_item_list",
+    "load_pyarrow",
     "owned_row",
     "ragged_array",
     "ragged_rows",
     "stack_variable_items",
+    "variable_values",
 ]
+
+
+def load_pyarrow() -> Any:
+    """``pyarrow`` with its ``compute`` and ``ipc`` modules, or an error naming the extra."""
+    try:
+        import pyarrow
+        import pyarrow.compute
+        import pyarrow.ipc
+    except ImportError as err:  # pragma: no cover - the test environment has pyarrow
+        raise ImportError("ArrowStorage needs pyarrow: pip install 'rbdata[arrow]'") from err
+    return pyarrow
 
 
 def is_item_list(data: Any) -> bool:
@@ -87,6 +101,22 @@ def stack_variable_items(items: Sequence[Any], ragged: Collection[Key]) -> dict[
                 )
         pairs.append((key, torch.stack(tensors)))
     return nest(pairs)
+
+
+# --- rows of a write, as the storage keeps them ------------------------------------------------
+def fixed_arrays(layout: Layout, fixed: list[int], payload: list[Any]) -> list[np.ndarray]:
+    """The fixed-shape leaves (layout positions ``fixed``) of a batched payload, as arrays."""
+    return [
+        payload[pos].detach().to(device="cpu", dtype=layout.leaves[pos].dtype).numpy()
+        for pos in fixed
+    ]
+
+
+def variable_values(leaf: Leaf, values: list[Any]) -> list[Any]:
+    """The rows of a string or ragged leaf as the storage keeps them (its own copies)."""
+    if leaf.kind == RAGGED:  # copies: the storage owns its rows, never the caller's
+        return [owned_row(v.detach().to(device="cpu", dtype=leaf.dtype, copy=True)) for v in values]
+    return list(values)  # str: immutable
 
 
 # --- Arrow arrays of stored rows ---------------------------------------------------------------

@@ -1,4 +1,11 @@
-"""An :class:`~rbdata.storages.ArrowStorage` dropped without ``close()`` writes its rows out.
+"""The directory of an :class:`~rbdata.storages.ArrowStorage`: opened, published, dropped.
+
+:func:`read_dir` checks a storage directory before :meth:`ArrowStorage.open` allocates
+anything: the metadata file (``_rbdata.json``: every field, type and range) and the chunk
+files it names; :func:`write_meta` publishes the metadata (atomically: a temporary file, then
+``os.replace``).
+
+**A storage dropped without** ``close()`` **writes its rows out.**
 
 Between flushes an ArrowStorage keeps its newest rows in memory (the open chunks) and in its
 redo journal (``_journal.bin``), which only :meth:`ArrowStorage.open` reads: pyarrow, polars
@@ -29,12 +36,84 @@ nothing: the rows are in the journal, and the next ``open`` replays it.
 
 from __future__ import annotations
 
+import json
 import os
 import warnings
 import weakref
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-__all__ = ["flush_when_dropped"]
+from rbdata._files import check_dir, inside, open_nofollow
+from rbdata.storages.arrow._checks import check_meta, parse_meta
+from rbdata.storages.arrow._chunks import chunk_file
+
+if TYPE_CHECKING:
+    from rbdata.storages.arrow.storage import ArrowStorage
+
+__all__ = ["FORMAT", "MAX_META_BYTES", "META_FILE", "VERSION", "flush_when_dropped"]
+__all__ += ["read_dir", "write_meta"]
+
+#: the metadata file of an Arrow storage directory
+META_FILE = "_rbdata.json"
+FORMAT = "rbdata.arrow"
+VERSION = 1
+MAX_META_BYTES = 1 << 24  # a metadata file is a few KiB
+
+
+def read_dir(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], list[Path]]:
+    """The directory, its checked metadata and the chunk files that hold its rows.
+
+    Raises:
+        FileNotFoundError: if ``path`` or its metadata file does not exist.
+        ValueError: for a symlinked directory or file, corrupt metadata or a missing chunk.
+    """
+    root = Path(path)
+    if root.is_symlink() or root.is_dir():
+        check_dir(root, "ArrowStorage")
+    meta_file = inside(root, META_FILE, "metadata file")
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{str(root)!r} is not a ArrowStorage: no {META_FILE}")
+    with open_nofollow(meta_file, "rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
+            raise ValueError(f"{meta_file}: too large for a metadata file")
+        raw = f.read()
+    meta = check_meta(parse_meta(raw, meta_file), meta_file, FORMAT, VERSION)
+    length, cs = meta["length"], meta["chunk_size"]
+    needed = -(-length // cs)
+    # the metadata's sizes against the files present, before anything is allocated
+    present = sum(1 for e in os.scandir(root) if e.name.startswith("chunk-"))
+    files = []
+    for k in range(min(needed, present + 1)):
+        file = inside(root, chunk_file(k), "chunk file")
+        if not file.is_file():
+            expected = min(cs, length - k * cs)
+            raise ValueError(f"{file}: missing; the metadata says {expected} rows")
+        files.append(file)
+    return root, meta, files
+
+
+def write_meta(storage: ArrowStorage, fsync: bool = True) -> None:
+    """Publish ``storage``'s metadata: sizes, layout, length, next slot and epoch."""
+    meta: dict[str, Any] = {
+        "format": FORMAT,
+        "version": VERSION,
+        "capacity": storage.capacity,
+        "chunk_size": storage.chunk_size,
+        "ragged": [list(k) for k in storage._ragged],
+        "length": storage._length,
+        "next": storage._next,
+        "epoch": storage._epoch,
+    }
+    if storage._layout is not None:
+        meta["layout"] = storage._layout.to_json()
+    file = storage._path / META_FILE
+    tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+    with open_nofollow(tmp, "wb") as f:
+        f.write(json.dumps(meta, indent=1).encode())
+        if fsync:
+            f.flush()
+            os.fsync(f.fileno())
+    os.replace(tmp, file)
 
 
 def flush_when_dropped(storage: Any) -> weakref.finalize:

@@ -28,7 +28,9 @@ from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_meta, parse_meta
+from rbdata.storages.arrow._chunks import chunk_file
 from rbdata.storages.arrow._journal import JOURNAL_FILE
+from rbdata.storages.arrow._lifecycle import FORMAT, MAX_META_BYTES, META_FILE, VERSION
 from rbdata.storages.base import Codec, Storage
 
 if TYPE_CHECKING:
@@ -36,8 +38,6 @@ if TYPE_CHECKING:
 
 __all__ = ["META_FILE", "ArrowFiles"]
 
-#: the metadata file of an Arrow storage directory
-META_FILE = "_rbdata.json"
 _SLACK = 1 << 20  # schema, field metadata, footer and alignment of one chunk file
 
 
@@ -65,13 +65,11 @@ def _own_copy(cls: type[ArrowStorage], fill: Callable[[Path], None]) -> ArrowSto
 
 
 def _check_dumped(src: Path, config: dict[str, Any]) -> tuple[int, list[str]]:
-    from rbdata.storages.arrow.storage import _FORMAT, _VERSION, _chunk_file
-
     # _rbdata.json is ArrowStorage's own format: its reader checks every field
     file = src / META_FILE
     meta = read_json(file, "storage")
     try:
-        checked = check_meta(meta, file, _FORMAT, _VERSION)
+        checked = check_meta(meta, file, FORMAT, VERSION)
     except ValueError as err:
         raise CheckpointError(str(err)) from None
     capacity, chunk, length = checked["capacity"], checked["chunk_size"], checked["length"]
@@ -92,7 +90,7 @@ def _check_dumped(src: Path, config: dict[str, Any]) -> tuple[int, list[str]]:
     limit = 2 * chunk * sum(sizes) + _SLACK if min(sizes, default=-1) >= 0 else None
     names = [META_FILE]
     for k in range(-(-length // chunk)):  # the chunks that hold rows: each must be present
-        name = _chunk_file(k)
+        name = chunk_file(k)
         path = leaf_path(src, name, file, "length")
         if not path.exists():
             raise CheckpointError(f"{path}: missing; the metadata says {length} rows")
@@ -108,20 +106,18 @@ def _check_dumped(src: Path, config: dict[str, Any]) -> tuple[int, list[str]]:
 
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
     """``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk files by size."""
-    from rbdata.storages.arrow.storage import _FORMAT, _MAX_META_BYTES, _VERSION, _chunk_file
-
     file = inside(root, META_FILE, "metadata file")
     if not file.is_file():
         raise FileNotFoundError(f"{str(root)!r} is not an ArrowStorage: no {META_FILE}")
     with open_nofollow(file, "rb") as f:
-        if os.fstat(f.fileno()).st_size > _MAX_META_BYTES:
+        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
             raise ValueError(f"{file}: too large for a metadata file")
-        meta = check_meta(parse_meta(f.read(), file), file, _FORMAT, _VERSION)
+        meta = check_meta(parse_meta(f.read(), file), file, FORMAT, VERSION)
     length, chunk = meta["length"], meta["chunk_size"]
     problems = [
-        f"{_chunk_file(k)}: missing; the metadata says {min(chunk, length - k * chunk)} rows"
+        f"{chunk_file(k)}: missing; the metadata says {min(chunk, length - k * chunk)} rows"
         for k in range(-(-length // chunk))
-        if regular_size(inside(root, _chunk_file(k), "chunk file")) is None
+        if regular_size(inside(root, chunk_file(k), "chunk file")) is None
     ]
     details: dict[str, Any] = {"chunk_size": chunk}
     journal = regular_size(inside(root, JOURNAL_FILE))
