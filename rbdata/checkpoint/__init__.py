@@ -208,11 +208,11 @@ def dump(
         }
     name = _class_name(storage, "storage")
     # the state tensors are all known before the storage is written, unless the storage's
-    # config holds tensors or its state adds some (ListStorage): then tensors.bin is written
-    # in a thread meanwhile (same bytes, same order), else after, as before
+    # config holds tensors or its dump adds some (Storage.dump_adds_tensors): then tensors.bin
+    # is written after the storage; else in a thread meanwhile (same bytes, same order)
     config_tensors: list[Any] = []
     config = encode(storage.config(), config_tensors, "storage config")
-    early = not config_tensors and not isinstance(storage, ListStorage)
+    early = not config_tensors and not type(storage).dump_adds_tensors
     staging = new_staging(root)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # its exit waits for the job

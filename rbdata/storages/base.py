@@ -84,6 +84,10 @@ class Storage(Dataset[Any]):
     #: Declared by each class for itself, never inherited (a subclass may do more per item
     #: in ``commit``): ``False`` unless the class's own body sets it.
     writes_rows: ClassVar[bool] = False
+    #: Whether :meth:`~rbdata.storages.Storage.dump` appends tensors of its own to the
+    #: checkpoint's state tensors (for implementers; a checkpoint writes ``tensors.bin``
+    #: beside the storage only when it does not).
+    dump_adds_tensors: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)

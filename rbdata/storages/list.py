@@ -68,6 +68,8 @@ class ListStorage(Storage):
     #: stacks them on reads, which a mix of layouts would break.
     _densify = False
 
+    dump_adds_tensors = True  # its items' tensors join the checkpoint's state tensors
+
     def __init__(self, max_size: int) -> None:
         super().__init__(max_size)
         self._items: list[Any] = []
