@@ -22,7 +22,7 @@ import sys
 from abc import abstractmethod
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, ClassVar
+from typing import Any, ClassVar, final
 
 import torch
 from torch.utils.data import Dataset
@@ -67,6 +67,9 @@ class Storage(Dataset[Any]):
       :attr:`writes_rows`.
 
     These are called directly, without a wrapper, so an override is the fast path itself.
+    The public surface that checks and normalises (``__getitem__``, ``__getitems__``,
+    :meth:`set`, :attr:`capacity`, :attr:`device`, :attr:`layout`) is final
+    (``typing.final``, checked by mypy): a storage changes behaviour through its hooks only.
     """
 
     #: Set by ``close()`` of storages that can be closed; every public method then raises.
@@ -107,16 +110,19 @@ class Storage(Dataset[Any]):
             raise ValueError(f"the storage is closed ({type(self).__name__}.close() was called)")
 
     # --- public surface ------------------------------------------------------------------
+    @final
     @property
     def capacity(self) -> int:
         """Maximum number of items."""
         return self._capacity
 
+    @final
     @property
     def device(self) -> torch.device:
         """Device of the stored tensors."""
         return self._device
 
+    @final
     @property
     def layout(self) -> Layout | None:
         """Keys, per-item shapes and dtypes, fixed by the first write (``None`` before it)."""
@@ -169,6 +175,7 @@ class Storage(Dataset[Any]):
         name = type(self).__name__
         return f"{name}(len={len(self)}, capacity={self.capacity}, layout={self._layout})"
 
+    @final
     def __getitem__(self, index: Any) -> Any:
         """The item at an integer ``index``, else the batch of items at ``index``.
 
@@ -181,6 +188,7 @@ class Storage(Dataset[Any]):
             return self._get(normalize_int(i, len(self)))
         return self.__getitems__(index)
 
+    @final
     def __getitems__(self, indices: Any) -> Any:
         """Return the items at ``indices`` as one batch, gathered in one vectorised read.
 
@@ -197,6 +205,7 @@ class Storage(Dataset[Any]):
             batch = self.gather(as_index_tensor(indices, len(self)), None)
         return wrap_for_collate(batch, sys._getframe(1))
 
+    @final
     def set(self, index: WriteIndex, data: Any) -> None:
         """Write ``data`` at ``index``: one item at an int, else a batch (leading dim = count).
 
