@@ -15,18 +15,11 @@ removed at the end.
 
 from __future__ import annotations
 
-import functools
 import hashlib
-import importlib.util
-import os
-import threading
 import time
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from collections.abc import Callable
 from pathlib import Path
 from tempfile import TemporaryDirectory
-from types import ModuleType
 from typing import Any
 
 import numpy as np
@@ -35,6 +28,7 @@ from tensordict import TensorDict
 from torch import nn
 from torch.utils.data import DataLoader
 
+from rbdata._demo_mirror import environ, load_recipe, no_proxy_for_localhost, serving
 from rbdata._resources import catalog_path
 
 __all__ = ["SAMPLE_KEYS", "load_sample", "run_demo"]
@@ -103,82 +97,6 @@ def load_sample(name: str = "cartpole-random-v0") -> TensorDict:
         else:
             data[key] = tensor
     return TensorDict(data, batch_size=[n])
-
-
-# --- the sample file and its mirror ----------------------------------------------------------
-def _load_recipe() -> ModuleType:
-    """The catalog's ``samples/d4rl_sample.py`` recipe, as a module."""
-    path = catalog_path("samples", "d4rl_sample.py")
-    spec = importlib.util.spec_from_file_location("_rbdata_recipe_d4rl_sample", path)
-    if spec is None or spec.loader is None:
-        raise ImportError(f"cannot load the recipe {path}")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-class _Handler(SimpleHTTPRequestHandler):
-    """Serves the mirror's folder quietly and records when each GET finished sending."""
-
-    server: _Mirror
-
-    def log_message(self, format: str, *args: Any) -> None:
-        """Log nothing: the demo prints its own report."""
-
-    def do_GET(self) -> None:
-        """Serve the file, then record ``(path, seconds at the end)``."""
-        super().do_GET()
-        self.server.served.append((self.path, time.perf_counter()))
-
-
-class _Mirror(ThreadingHTTPServer):
-    daemon_threads = True
-
-    def __init__(self, root: Path) -> None:
-        super().__init__(("127.0.0.1", 0), functools.partial(_Handler, directory=str(root)))
-        self.served: list[tuple[str, float]] = []
-
-    @property
-    def url(self) -> str:
-        return f"http://127.0.0.1:{self.server_address[1]}/"
-
-
-@contextmanager
-def _serving(root: Path) -> Iterator[_Mirror]:
-    """A mirror of ``root`` on 127.0.0.1 (a free port) in a daemon thread, shut down on exit."""
-    mirror = _Mirror(root)
-    thread = threading.Thread(target=mirror.serve_forever, name="rbdata-demo-mirror", daemon=True)
-    thread.start()
-    try:
-        yield mirror
-    finally:
-        mirror.shutdown()
-        mirror.server_close()
-        thread.join()
-
-
-@contextmanager
-def _environ(values: dict[str, str]) -> Iterator[None]:
-    """Set environment variables; restore the previous values (or absence) on exit."""
-    saved = {name: os.environ.get(name) for name in values}
-    try:
-        os.environ.update(values)
-        yield
-    finally:
-        for name, old in saved.items():
-            if old is None:
-                os.environ.pop(name, None)
-            else:
-                os.environ[name] = old
-
-
-def _no_proxy_for_localhost() -> dict[str, str]:
-    """``no_proxy``/``NO_PROXY`` extended with 127.0.0.1, so a proxy setting cannot intercept."""
-    out = {}
-    for name in ("no_proxy", "NO_PROXY"):
-        old = os.environ.get(name, "")
-        out[name] = f"{old},127.0.0.1" if old else "127.0.0.1"
-    return out
 
 
 # --- the TD model --------------------------------------------------------------------------
@@ -280,7 +198,7 @@ def _fetch(tmp: Path, progress: bool, out: Callable[[str], object]) -> tuple[Any
     from rbdata.datasets import D4RL, d4rl_entry
 
     npz = catalog_path("samples", f"{_DATASET}.npz")
-    file = _load_recipe().build(tmp.joinpath("mirror", *d4rl_entry(_DATASET).url.split("/")), npz)
+    file = load_recipe().build(tmp.joinpath("mirror", *d4rl_entry(_DATASET).url.split("/")), npz)
     digest, home = _sha256(file), tmp / "home"
     facts: dict[str, Any] = {"dataset": _DATASET, "file_bytes": file.stat().st_size}
     facts["sha256"] = digest
@@ -288,9 +206,9 @@ def _fetch(tmp: Path, progress: bool, out: Callable[[str], object]) -> tuple[Any
         f"rbdata demo: D4RL {_DATASET!r}, a {facts['file_bytes']:,}-byte HDF5 file built by "
         "datasets/samples/d4rl_sample.py"
     )
-    with _serving(tmp / "mirror") as mirror:
+    with serving(tmp / "mirror") as mirror:
         env = {"RBDATA_HOME": str(home), "RBDATA_D4RL_MIRROR": mirror.url}
-        with _environ({**env, **_no_proxy_for_localhost()}):
+        with environ({**env, **no_proxy_for_localhost()}):
             out(f"  RBDATA_D4RL_MIRROR={mirror.url}  RBDATA_HOME={home}")
             start = time.perf_counter()
             D4RL(_DATASET, sha256=digest, progress=progress).close()

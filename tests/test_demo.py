@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+from rbdata._demo_mirror import environ, serving
 from rbdata._resources import catalog_path
 from rbdata.cli import main
 from rbdata.datasets import D4RL
 from rbdata.datasets._catalog import d4rl_entry
-from rbdata.demo import SAMPLE_KEYS, _environ, _serving, load_sample, run_demo
+from rbdata.demo import SAMPLE_KEYS, load_sample, run_demo
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "datasets" / "samples" / "cartpole_random.py"
@@ -178,7 +179,7 @@ def test_d4rl_sample_converts_to_the_sample_rows(tmp_path: Path, d4rl_file: Path
     root = tmp_path / "mirror"
     (root / "rbdata-samples").mkdir(parents=True)
     (root / "rbdata-samples" / f"{SAMPLE}.hdf5").write_bytes(d4rl_file.read_bytes())
-    with _serving(root) as mirror, _environ({"RBDATA_D4RL_MIRROR": mirror.url}):
+    with serving(root) as mirror, environ({"RBDATA_D4RL_MIRROR": mirror.url}):
         ds = D4RL(SAMPLE, root=tmp_path / "home", progress=False)
     try:
         td = load_sample()

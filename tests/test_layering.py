@@ -227,9 +227,6 @@ _CEILINGS = {
     "storages/base.py": 546,
     "samplers/prioritized.py": 462,
     "storages/arrow/storage.py": 446,
-    "buffer.py": 440,
-    "storages/tensor.py": 421,
-    "demo.py": 416,
 }
 LIMIT = 400
 

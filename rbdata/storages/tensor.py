@@ -12,6 +12,7 @@ import torch
 from rbdata._device import resolve_device
 from rbdata._layout import STRING, TENSOR, Layout
 from rbdata.storages import _memory
+from rbdata.storages._staging import same_device, to_device
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
 from rbdata.storages.base import Codec, Prepared, Storage
 
@@ -19,34 +20,6 @@ if TYPE_CHECKING:
     from rbdata.storages._describe import StorageInfo
 
 __all__ = ["TensorStorage"]
-
-
-def _to_device(t: torch.Tensor, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
-    """A leaf on ``device`` as ``dtype``, queued without the host waiting for the device.
-
-    A CPU leaf is copied (and cast) into fresh pinned memory first, even a pinned one: the
-    caller may change its tensor as soon as the write returns, before the GPU has read it;
-    torch's pinned allocator reuses the block only once that copy is done.
-    """
-    if _same_device(t.device, device):
-        return t if t.dtype == dtype else t.to(dtype)
-    if t.is_cpu:
-        staged = torch.empty(t.shape, dtype=dtype, pin_memory=True)
-        staged.copy_(t)
-        return staged.to(device, non_blocking=True)
-    return t.to(device, dtype, non_blocking=True)
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    """Whether ``a`` and ``b`` name one device (``"cuda"`` is the current GPU)."""
-    if a.type != b.type:
-        return False
-    if a.index is None or b.index is None:
-        current = torch.cuda.current_device() if a.type == "cuda" else 0
-        return (a.index if a.index is not None else current) == (
-            b.index if b.index is not None else current
-        )
-    return a.index == b.index
 
 
 class TensorStorage(Storage):
@@ -187,7 +160,7 @@ class TensorStorage(Storage):
         if self._device.type == "cuda" and prepared.layout is not None:
             leaves = prepared.layout.leaves
             prepared.payload = [
-                _to_device(t, leaf.dtype, self._device) if isinstance(t, torch.Tensor) else t
+                to_device(t, leaf.dtype, self._device) if isinstance(t, torch.Tensor) else t
                 for t, leaf in zip(prepared.payload, leaves, strict=True)
             ]
         return prepared
@@ -327,7 +300,7 @@ class TensorStorage(Storage):
                 if value.device != self._device:
                     if value.is_cpu:  # a CPU sampler's index/weight join the data
                         extra[key] = value.to(self._device, non_blocking=True)
-                    elif not _same_device(value.device, self._device):
+                    elif not same_device(value.device, self._device):
                         device = None  # a GPU sampler's stay on its GPU: a mixed batch
         return layout.assemble(tensors, torch.Size((idx.shape[0],)), device, extra)
 
