@@ -27,11 +27,12 @@ def plan_top_k(
     """Choose the slots of a batch of ``new`` ranks in a top-k buffer; return ``(slots, rows)``.
 
     The buffer has ``k = ranks.numel()`` slots; slots ``[0, count)`` hold items with the
-    given ranks and arrival ``stamps``, the others are empty. The result equals writing the
-    batch item by item: an item goes to the first empty slot, else it replaces the current
-    minimum if it ranks strictly higher (among items of equal rank the newest counts as the
-    minimum, so ties keep the older item). An item of the batch that is replaced by a later
-    one of the same batch is not kept.
+    given ranks and arrival ``stamps``, the others are empty. The items kept, and the set of
+    slots written, equal writing the batch item by item: an item goes to the first empty
+    slot, else it replaces the current minimum if it ranks strictly higher (among items of
+    equal rank the newest counts as the minimum, so ties keep the older item). An item of the
+    batch that is replaced by a later one of the same batch is not kept. Which kept row lands
+    in which freed slot may differ: the freed slots go to the kept rows in slot order.
 
     Vectorised: batch items not above the current minimum are dropped at once; the stored
     items that can be dropped are among the ``m`` lowest (``topk``), ``m`` the number of
