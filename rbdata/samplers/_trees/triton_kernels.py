@@ -159,14 +159,20 @@ def draw_kernel(  # type: ignore[no-untyped-def]
 
 
 @triton.jit
+def _priority(priority, pos, mask, SCALAR: tl.constexpr):  # type: ignore[no-untyped-def]
+    # the items' priorities as float64: one per item, or one for all (SCALAR: new items)
+    if SCALAR:
+        return tl.load(priority).to(tl.float64) + 0.0 * pos.to(tl.float64)
+    else:
+        return tl.load(priority + pos, mask=mask, other=0.0).to(tl.float64)
+
+
+@triton.jit
 def _item(index, priority, pos, mask, filled, params, SCALAR: tl.constexpr):  # type: ignore[no-untyped-def]
     # an item's slot, priority (float64) and refusal code (0: fine), as the numba kernel
     # checks it: the index first, then finite, >= 0, and a value the tree's dtype holds
     slot = tl.load(index + pos, mask=mask, other=0)
-    if SCALAR:
-        p = tl.load(priority).to(tl.float64) + 0.0 * pos.to(tl.float64)
-    else:
-        p = tl.load(priority + pos, mask=mask, other=0.0).to(tl.float64)
+    p = _priority(priority, pos, mask, SCALAR)
     eps = tl.load(params)
     pmax = tl.load(params + 2)
     finite = (p == p) & (p != float("inf")) & (p != -float("inf"))
@@ -289,10 +295,7 @@ def write_kernel(  # type: ignore[no-untyped-def]
     accepted = tl.load(good) != 0
     eps = tl.load(params)
     alpha = tl.load(params + 1)
-    if SCALAR:
-        p = tl.load(priority).to(tl.float64) + tl.zeros([BLOCK], dtype=tl.float64)
-    else:
-        p = tl.load(priority + pos, mask=mask, other=0.0).to(tl.float64)
+    p = _priority(priority, pos, mask, SCALAR)
     value = _power(tl.where(winner, p + eps, 1.0), alpha, ALPHA_MODE)
     leaf0 = tl.load(offsets + depth - 1)
     tl.store(tree + leaf0 + slot, value.to(tree.dtype.element_ty), mask=winner & accepted)
