@@ -49,3 +49,19 @@ def lookups(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 
     monkeypatch.setattr(socket, "getaddrinfo", getaddrinfo)
     return seen
+
+
+@pytest.fixture(params=["numba", "torch"])
+def tree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Run on the numba kernels and on the device path's torch kernels (set before construction).
+
+    The device path (forced onto CPU trees) reports a refused call's error at a later call
+    or at ``check_errors``, which does nothing on CPU trees (their calls raise).
+    """
+    from rbdata.samplers import prioritized as prioritized_module
+
+    if request.param == "torch":
+        # the device path on CPU trees, with the torch reference kernels
+        monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
+        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")
+    return str(request.param)

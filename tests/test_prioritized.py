@@ -12,18 +12,10 @@ from rbdata import BatchSampler, PrioritizedSampler, ReplayBuffer, TensorStorage
 from rbdata.samplers import prioritized as prioritized_module
 
 
-@pytest.fixture(autouse=True, params=["numba", "torch"])
-def tree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Every test runs on the numba kernels and on the device path's torch kernels.
-
-    The device path (forced onto CPU trees) reports a refused call's error at a later call
-    or at ``check_errors``, which does nothing on CPU trees (their calls raise).
-    """
-    if request.param == "torch":
-        # the device path on CPU trees, with the torch reference kernels
-        monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
-        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")
-    return str(request.param)
+@pytest.fixture(autouse=True)
+def _every_tree_path(tree_path: str) -> str:
+    """Every test runs on both tree paths (``tree_path`` in conftest.py)."""
+    return tree_path
 
 
 def make(n: int = 10, capacity: int = 16, seed: int = 0, **kwargs: object) -> ReplayBuffer:

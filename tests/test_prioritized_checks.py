@@ -10,7 +10,6 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
-from rbdata.samplers import prioritized as prioritized_module
 from rbdata.samplers._trees import sumtree as _sumtree
 
 
@@ -28,20 +27,6 @@ def assert_same_trees(before: tuple[Any, ...], sampler: PrioritizedSampler) -> N
     assert torch.equal(before[0], after[0])
     assert torch.equal(before[1], after[1])
     assert before[2] == after[2]
-
-
-@pytest.fixture(params=["numba", "torch"])
-def tree_path(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run on the numba kernels and on the device path's torch kernels (set before construction).
-
-    The device path (forced onto CPU trees) reports a refused call's error at a later call
-    or at ``check_errors``, which does nothing on CPU trees (their calls raise).
-    """
-    if request.param == "torch":
-        # the device path on CPU trees, with the torch reference kernels
-        monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", True)
-        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", "torch")
-    return str(request.param)
 
 
 # --- a prioritized sampler smaller than its storage ---------------------------------
