@@ -254,7 +254,7 @@ class PrioritizedSampler(Sampler):
 
     def priority_values(self, index: Any = None) -> torch.Tensor:
         """The stored values ``(p + eps)^alpha`` at ``index`` (default: every slot)."""
-        self._trees.max_priority  # noqa: B018 - applies queued new items first
+        self._trees.apply_pending()
         leaf0 = _sumtree.leaf_offset(self._trees.sum_tree)
         leaves = self._trees.sum_tree[leaf0 : leaf0 + self.capacity]
         return leaves.clone() if index is None else leaves[torch.as_tensor(index)]
@@ -327,7 +327,7 @@ class PrioritizedSampler(Sampler):
         self.check_source(storage)
         device = self.device if self._device_arg is not None else _source_device(storage)
         device = _resolve_device(device)
-        self._trees.max_priority  # noqa: B018 - applies queued new items first
+        self._trees.apply_pending()
         self._check_beyond(self._trees.sum_tree, len(storage))
         super().attach(storage)
         self._place(device)  # device=None: the trees follow the storage

@@ -237,5 +237,8 @@ class TreeBackend(Protocol):
     def reset(self, max_priority: float) -> None:
         """Forget every priority."""
 
+    def apply_pending(self) -> None:
+        """Apply what is queued (new items' priorities on a device), so the trees are current."""
+
     def check_errors(self) -> None:
         """Raise the error of a call refused on the device since the last check."""

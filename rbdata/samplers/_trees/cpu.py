@@ -162,5 +162,8 @@ class CpuTrees:
         self.min_tree.fill_(math.inf)
         self._max = max_priority
 
+    def apply_pending(self) -> None:
+        """Nothing queued: CPU calls apply at once."""
+
     def check_errors(self) -> None:
         """Nothing to do: CPU calls raise their own errors."""

@@ -303,6 +303,10 @@ class DeviceTrees:
         if self._err_np[0] != 0:
             self.check_errors()
 
+    def apply_pending(self) -> None:
+        """Give the queued new items their priority now (one batched update, no wait)."""
+        self._flush()
+
     def check_errors(self) -> None:
         """Raise the ``ValueError`` of the first call refused since the last check (waits)."""
         self._flush()
