@@ -2,8 +2,9 @@
 
 A checksum entry is ``{"size": bytes, "covered": leading bytes summed, "crc32": crc}``
 (see :mod:`!rbdata.checkpoint._checksum` for how checkpoints record and verify them).
-CRC-32 (zlib) runs at several GB/s and releases the GIL, so it can run in threads while the
-files are written.
+The CRC-32 is zlib's (the same value as :func:`zlib.crc32`), computed by ISA-L
+(``isal``, at about 20 GB/s on one core) when it is installed and by zlib (about 4 GB/s)
+otherwise. Both release the GIL, so the sums run in threads while the files are written.
 """
 
 from __future__ import annotations
@@ -19,9 +20,15 @@ import torch
 
 from rbdata._files import open_nofollow
 
+try:  # ISA-L's CRC-32: the same value as zlib's, about five times faster (a dependency)
+    from isal.isal_zlib import crc32 as _fast_crc32
+except ImportError:  # pragma: no cover - a platform without an isal wheel
+    _fast_crc32 = zlib.crc32
+
 __all__ = [
     "ALGORITHM",
     "copy_with_crc",
+    "crc32",
     "crc32_combine",
     "crc_blocks",
     "crc_of_open",
@@ -73,10 +80,24 @@ def crc32_combine(crc1: int, crc2: int, len2: int) -> int:
     return _multmodp(p, crc1) ^ crc2
 
 
+def crc32(data: Any, crc: int = 0) -> int:
+    """The CRC-32 of ``data`` (anything with the buffer protocol), continuing from ``crc``.
+
+    The value of :func:`zlib.crc32`, computed by ISA-L when it is installed.
+
+    Examples:
+        >>> crc32(b"hello world") == zlib.crc32(b"hello world")
+        True
+        >>> crc32(b"world", crc32(b"hello ")) == zlib.crc32(b"hello world")
+        True
+    """
+    return int(_fast_crc32(data, crc))
+
+
 def crc_blocks(blocks: Iterable[Any], crc: int = 0) -> int:
     """The CRC-32 of the concatenated byte blocks (anything with the buffer protocol)."""
     for block in blocks:
-        crc = zlib.crc32(block, crc)
+        crc = crc32(block, crc)
     return crc
 
 
@@ -94,7 +115,7 @@ def tensor_crc(buf: torch.Tensor, n: int) -> int:
     crc = 0
     for start in range(0, n, max(step, 1)):
         flat = rows[start : start + step].cpu().contiguous().reshape(-1)
-        crc = zlib.crc32(flat.view(torch.uint8).numpy().data, crc)
+        crc = crc32(flat.view(torch.uint8).numpy().data, crc)
     return crc
 
 
@@ -112,7 +133,7 @@ def submit_tensor_crc(
         return future.result
     raw = rows.reshape(-1).view(torch.uint8).numpy()
     size = raw.nbytes
-    jobs = [pool.submit(zlib.crc32, raw[at : at + part].data) for at in range(0, size, part)]
+    jobs = [pool.submit(crc32, raw[at : at + part].data) for at in range(0, size, part)]
 
     def result() -> int:
         crc = 0
@@ -137,7 +158,7 @@ def crc_of_open(f: Any, covered: int) -> int:
         block = f.read(min(_BLOCK, left))
         if not block:
             break
-        crc = zlib.crc32(block, crc)
+        crc = crc32(block, crc)
         left -= len(block)
     return crc
 
@@ -152,7 +173,7 @@ def copy_with_crc(src: Path, dst: Path, fsync: bool) -> dict[str, int]:
             got = fin.readinto(buffer)
             if not got:
                 break
-            crc = zlib.crc32(view[:got], crc)
+            crc = crc32(view[:got], crc)
             fout.write(view[:got])
             size += got
         if fsync:

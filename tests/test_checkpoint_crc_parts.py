@@ -9,6 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
+from rbdata._checksum import crc32
 from rbdata.checkpoint._checksum import crc32_combine, submit_tensor_crc, tensor_crc
 
 
@@ -37,3 +38,19 @@ def test_submit_tensor_crc_other_tensors() -> None:
         assert submit_tensor_crc(pool, flags, 10, 4)() == tensor_crc(flags, 10)
         assert submit_tensor_crc(pool, strided, 10, 8)() == tensor_crc(strided, 10)
         assert submit_tensor_crc(pool, empty, 6, 8)() == tensor_crc(empty, 6) == 0
+
+
+@pytest.mark.parametrize("size", [0, 1, 15, 16, 17, 4095, 1 << 16, (1 << 20) + 3])
+@pytest.mark.parametrize("seed", [0, 0xFFFFFFFF, 0x1234ABCD])
+def test_crc32_is_zlibs(size: int, seed: int) -> None:
+    """The accelerated CRC-32 (ISA-L when installed) gives zlib's value, continued or not."""
+    data = os.urandom(size)
+    assert crc32(data, seed) == zlib.crc32(data, seed)
+    cut = size // 3
+    assert crc32(data[cut:], crc32(data[:cut])) == zlib.crc32(data)
+    t = (
+        torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        if size
+        else torch.zeros(0, dtype=torch.uint8)
+    )
+    assert tensor_crc(t, size) == zlib.crc32(data)

@@ -14,7 +14,6 @@ from __future__ import annotations
 import math
 import numbers
 import os
-import zlib
 from pathlib import Path
 from typing import Any
 
@@ -22,6 +21,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
+from rbdata._checksum import crc32
 from rbdata._files import open_nofollow, preallocate
 from rbdata.checkpoint._checksum import entry
 from rbdata.checkpoint._validate import check_int, get, get_list, plain_file
@@ -174,10 +174,10 @@ def write_tensors(
             pad = -offset % _ALIGN
             if pad:
                 f.write(b"\0" * pad)
-                crc = zlib.crc32(b"\0" * pad, crc)
+                crc = crc32(b"\0" * pad, crc)
                 offset += pad
             f.write(raw.data)
-            crc = zlib.crc32(raw.data, crc)
+            crc = crc32(raw.data, crc)
             table.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset})
             offset += raw.nbytes
         if fsync:

@@ -62,7 +62,7 @@ def dump_tensors(
     """``write_directory``, with the leaves' checksums summed from memory meanwhile."""
     n = len(storage)
     buffers = storage.buffers if storage.layout is not None else []
-    # zlib releases the GIL: the sums run while write_directory copies and fsyncs
+    # the CRC releases the GIL: the sums run while write_directory copies and fsyncs
     with ThreadPoolExecutor(max_workers=2) as pool:
         results = [submit_tensor_crc(pool, buf, n) for buf in buffers]
         write_directory(storage, out, fsync)
