@@ -23,6 +23,7 @@ from torch.utils.data import DataLoader
 
 from rbdata import BatchSampler, MemmapStorage, PrioritizedSampler, ReplayBuffer, TensorStorage
 from rbdata.samplers import prioritized as prioritized_module
+from rbdata.samplers._trees import numba_kernels as _kernels
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees import torch_ops as _torch_tree
 from rbdata.samplers._trees.cpu import CpuTrees
@@ -74,7 +75,7 @@ def nb_set(sum_tree: torch.Tensor, min_tree: torch.Tensor, idx: torch.Tensor, va
     """The numba kernel's update with alpha=1, eps=0: the values are stored as given."""
     vmax = float(torch.finfo(sum_tree.dtype).max)
     offsets = np.asarray(_sumtree.layout(sum_tree), dtype=np.int64)
-    code, _, _ = _sumtree._nb_set_priorities(
+    code, _, _ = _kernels._nb_set_priorities(
         sum_tree.numpy(),
         min_tree.numpy(),
         offsets,
@@ -96,7 +97,7 @@ def nb_draw(
     weight = torch.empty(targets.shape, dtype=torch.float32)
     offsets = np.asarray(_sumtree.layout(sum_tree), dtype=np.int64)
     min_root = float(min_tree[_sumtree.ROOT])
-    _sumtree._nb_draw(
+    _kernels._nb_draw(
         sum_tree.numpy(), offsets, min_root, targets.numpy(), beta, index.numpy(), weight.numpy()
     )
     return index, weight

@@ -136,11 +136,12 @@ def test_numba_boundscheck_needs_its_own_cache_dir(tmp_path: Path) -> None:
     """
     code = """
         import numpy as np, torch
+        from rbdata.samplers._trees import numba_kernels as _kernels
         from rbdata.samplers._trees import sumtree as _sumtree
         tree = _sumtree.new_tree(10, "sum", torch.float64)
         offsets = np.asarray(_sumtree.layout(tree), dtype=np.int64)
         try:
-            _sumtree._nb_update(
+            _kernels._nb_update(
                 tree.numpy(), offsets, np.array([10**9], np.int64), np.array([1.0]), True
             )
             print("unchecked")

@@ -10,6 +10,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rbdata.samplers._trees import numba_kernels as _kernels
 from rbdata.samplers._trees import sumtree as _sumtree
 
 CAPACITIES = st.sampled_from([1, 2, 3, 5, 7, 8, 9, 13, 16, 31, 64, 65, 100, 513])
@@ -168,7 +169,7 @@ def test_fused_kernels_match_the_reference(
         idx = torch.tensor(index, dtype=torch.long)
         prio = torch.tensor(values, dtype=torch.float64) / 3
         offsets = np.asarray(_sumtree.layout(fast[0]), dtype=np.int64)
-        code, _, top = _sumtree._nb_set_priorities(
+        code, _, top = _kernels._nb_set_priorities(
             fast[0].numpy(),
             fast[1].numpy(),
             offsets,

@@ -2,7 +2,7 @@
 
 Without a GPU the kernels run in Triton's CPU interpreter (``TRITON_INTERPRET=1``, set by the
 tests' conftest), on CPU tensors; with one, on CUDA tensors. The expectations are independent
-of the kernels: the numba kernels of ``_sumtree`` (the CPU sampler), a brute-force
+of the kernels: the numba kernels of ``_kernels`` (the CPU sampler), a brute-force
 ``last write wins`` dictionary, and ``_sumtree.rebuild`` (every inner node recomputed from the
 leaves with the pairwise float64 sums).
 
@@ -24,6 +24,7 @@ import numpy as np
 import pytest
 import torch
 
+from rbdata.samplers._trees import numba_kernels as _kernels
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.device import triton_ready
 
@@ -72,7 +73,7 @@ class Trees:
             err=self.err,
         )
         p = priority.double().expand(index.shape[0]).contiguous()
-        code, _, _ = _sumtree._nb_set_priorities(
+        code, _, _ = _kernels._nb_set_priorities(
             self.ref_sum.numpy(),
             self.ref_min.numpy(),
             np.asarray(_sumtree.layout(self.ref_sum), dtype=np.int64),

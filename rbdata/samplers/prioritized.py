@@ -13,8 +13,7 @@ from typing import Any
 
 import torch
 
-from rbdata._device import resolve_device
-from rbdata._index import check_capacity
+from rbdata.samplers import _prioritized_checks as _checks
 from rbdata.samplers._priority_input import check_exponent
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, restored_trees
@@ -24,8 +23,6 @@ from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["PrioritizedSampler"]
 
-_CPU_GENERATOR_STATE = torch.Generator().get_state().numel()
-
 #: Run the device path (device trees: priorities checked on the device, errors reported at a
 #: later call, new items queued) on CPU trees too: the code that runs on CUDA, testable
 #: without a GPU. Read when a sampler places its trees (construction, attach, unpickling).
@@ -33,17 +30,6 @@ _DEVICE_PATH_ON_CPU = False
 #: the kernels of device trees: ``None`` (Triton where it can run, else torch), ``"triton"``
 #: or ``"torch"``; read like :data:`_DEVICE_PATH_ON_CPU` (tests compare the two)
 _DEVICE_KERNELS: str | None = None
-
-
-def _resolve_device(device: Any) -> torch.device:
-    """``device`` as a torch device that can hold the trees, or an error that says why not."""
-    return resolve_device(device, "use device='cpu', or device=None to follow the storage")
-
-
-def _source_device(source: Any) -> torch.device:
-    """The device of a storage (``storage.device``); CPU for anything without one."""
-    device = getattr(source, "device", None)
-    return torch.device(device) if isinstance(device, (torch.device, str)) else torch.device("cpu")
 
 
 def _make_trees(
@@ -136,29 +122,16 @@ class PrioritizedSampler(Sampler):
         super().__init__(data_source, generator)
         #: the generator is the sampler's own: it may move to the trees' device
         self._own_generator = generator is None
-        if isinstance(eps, (str, torch.device)):
-            raise TypeError(
-                f"eps must be a number, got {eps!r}: the device is the fifth argument "
-                f"(device={eps!r})"
-            )
-        if dtype not in (torch.float32, torch.float64):
-            raise ValueError(f"dtype must be torch.float32 or torch.float64, got {dtype}")
-        self._spec = TreeSpec(
-            check_capacity(capacity, "capacity"),
-            check_exponent(alpha, "alpha"),
-            check_exponent(eps, "eps"),
-            dtype,
-        )
+        self._spec = _checks.tree_spec(capacity, alpha, eps, dtype)
         self.capacity = self._spec.capacity
         self.beta = check_exponent(beta, "beta")
         self.stratified = check_bool(stratified, "stratified")
-        if default_priority is not None:
-            default_priority = self._check_default(default_priority, "default_priority")
-        self.default_priority = default_priority
-        self._initial_max = self._check_default(max_priority, "max_priority")
+        self.default_priority, self._initial_max = _checks.priority_options(
+            self._spec, default_priority, max_priority
+        )
         #: the device asked for (``None``: the storage's, resolved by attach)
         self._device_arg = None if device is None else str(torch.device(device))
-        self.device = _resolve_device(_source_device(data_source) if device is None else device)
+        self.device = _checks.tree_device(device, data_source)
         self._trees = _make_trees(self._spec, self.device, self._initial_max)
         self._match_generator()
         if data_source is not None:
@@ -192,17 +165,6 @@ class PrioritizedSampler(Sampler):
         self.device = device
         self._match_generator()
 
-    def _check_default(self, value: Any, name: str) -> float:
-        """A priority option whose value ``(p + eps) ** alpha`` the tree's dtype can hold."""
-        p = check_exponent(value, name)
-        spec = self._spec
-        if not p + spec.eps <= spec.pmax:
-            raise ValueError(
-                f"{name}: {p!r} gives (p + eps) ** alpha = {spec.value(p)!r}, which is not "
-                f"finite in the tree's dtype (largest {spec.vmax:.4g})"
-            )
-        return p
-
     def check_source(self, storage: Sized) -> None:
         """Raise ``ValueError`` if ``storage`` can hold more items than this sampler has slots.
 
@@ -210,14 +172,7 @@ class PrioritizedSampler(Sampler):
         ``ReplayBuffer.loads``) and for a ``data_source`` given at construction: a tree
         smaller than its storage would be indexed past its end.
         """
-        size = getattr(storage, "capacity", None)
-        if size is None:
-            size = len(storage)
-        if int(size) > self.capacity:
-            raise ValueError(
-                f"capacity: PrioritizedSampler has {self.capacity} slots, fewer than the "
-                f"{int(size)} items its storage can hold; give it the storage's capacity"
-            )
+        _checks.check_source_size(storage, self.capacity)
 
     # --- priorities ---------------------------------------------------------------------
     @property
@@ -325,10 +280,9 @@ class PrioritizedSampler(Sampler):
         """
         # priorities set before binding (or loaded) must not draw slots the storage lacks
         self.check_source(storage)
-        device = self.device if self._device_arg is not None else _source_device(storage)
-        device = _resolve_device(device)
+        device = _checks.tree_device(None if self._device_arg is None else self.device, storage)
         self._trees.apply_pending()
-        self._check_beyond(self._trees.sum_tree, len(storage))
+        check_beyond(self._trees.sum_tree, len(storage), self.capacity)
         super().attach(storage)
         self._place(device)  # device=None: the trees follow the storage
         n = len(storage)
@@ -427,36 +381,16 @@ class PrioritizedSampler(Sampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` (same capacity)."""
-        if int(state["capacity"]) != self.capacity:
-            raise ValueError(
-                f"capacity: the state is for {state['capacity']} slots, this sampler has "
-                f"{self.capacity}"
-            )
+        _checks.check_state_capacity(state, self.capacity)
         new_sum, new_min, max_priority = restored_trees(state, self._spec, self._trees)
         source = self.data_source
         if source is not None:
-            self._check_beyond(new_sum, len(source))
-        self._load_generator(state)  # checked by torch before any change
+            check_beyond(new_sum, len(source), self.capacity)
+        # the generator, checked by torch before any change (a CPU / CUDA state brings its kind)
+        gen = _checks.generator_of_state(state["generator"], self.generator, self.device)
+        if gen is None:
+            super().load_state_dict(state)  # (torch's own error for a foreign state)
+        else:
+            self.generator, self._restored = gen, True
         # the state replaces queued new items and recorded errors
         self._trees.load(new_sum, new_min, max_priority)
-
-    def _load_generator(self, state: dict[str, Any]) -> None:
-        """Restore the generator; a state of the other kind (CPU / CUDA) brings its kind.
-
-        A checkpoint of a CUDA sampler made with a CPU generator, loaded into one that made
-        its own CUDA generator (or the reverse), continues with the saved generator's draws.
-        """
-        saved = torch.as_tensor(state["generator"])
-        cpu_state = saved.numel() == _CPU_GENERATOR_STATE
-        same_kind = cpu_state == (self.generator.device.type == "cpu")
-        if same_kind or (not cpu_state and self.device.type == "cpu"):
-            super().load_state_dict(state)  # (torch's own error for a foreign state)
-            return
-        gen = torch.Generator(device="cpu" if cpu_state else self.device)
-        gen.set_state(saved)
-        self.generator = gen
-        self._restored = True
-
-    def _check_beyond(self, tree: torch.Tensor, filled: int) -> None:
-        """Raise unless every slot at or past ``filled`` has priority 0 (is never drawn)."""
-        check_beyond(tree, filled, self.capacity)

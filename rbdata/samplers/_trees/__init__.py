@@ -3,7 +3,9 @@
 - :mod:`~rbdata.samplers._trees.backend`: the :class:`TreeBackend` protocol, :class:`TreeSpec`,
   the one validation and its messages;
 - :mod:`~rbdata.samplers._trees.sumtree`: the 8-ary sum and block-min trees as pure functions
-  over tensors, and their numba kernels;
+  over tensors (the torch reference, the checks, the dispatch to numba on CPU tensors);
+- :mod:`~rbdata.samplers._trees.numba_kernels`: their numba kernels (update, find, draw, set
+  priorities);
 - :mod:`~rbdata.samplers._trees.cpu`: :class:`CpuTrees`, CPU trees walked by numba;
 - :mod:`~rbdata.samplers._trees.device`: :class:`DeviceTrees`, trees on any device walked by
   the fused Triton kernels (:mod:`~rbdata.samplers._trees.triton_ops`,

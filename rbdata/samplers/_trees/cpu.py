@@ -11,7 +11,11 @@ import torch
 from rbdata.samplers._priority_input import contiguous_cpu_pair, index_and_priority
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeSpec, check_new_total, refusal
-from rbdata.samplers._trees.sumtree import _nb_draw_at, _nb_set_priorities, _nb_set_priorities_at
+from rbdata.samplers._trees.numba_kernels import (
+    _nb_draw_at,
+    _nb_set_priorities,
+    _nb_set_priorities_at,
+)
 
 __all__ = ["CpuTrees"]
 

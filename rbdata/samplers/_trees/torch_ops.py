@@ -125,8 +125,9 @@ def _pairwise_sum(block: torch.Tensor, dim: int) -> torch.Tensor:
     """The float64 pairwise sum of the 8 entries along ``dim`` (0 or 1) of ``block``.
 
     ``((b0 + b1) + (b2 + b3)) + ((b4 + b5) + (b6 + b7))``, the association of the numba
-    kernel's ``_nb_block_sum``: three sums over a dimension of 2 (``x + y`` exactly, in any
-    order), the first one casting to float64 on the way.
+    kernels' ``_nb_block_sum`` (:mod:`rbdata.samplers._trees.numba_kernels`): three sums over
+    a dimension of 2 (``x + y`` exactly, in any order), the first one casting to float64 on
+    the way.
     """
     if dim == 0:
         s = block.view(4, 2, -1).sum(1, dtype=torch.float64)
