@@ -207,6 +207,9 @@ def test_unknown_id_suggests_close_ones(tmp_path: Path) -> None:
         OGBench("pointmaze-medum-navigate-v0", tmp_path)
 
 
+_BASE = {"observations": np.zeros((5, 2)), "actions": np.zeros(5), "terminals": np.ones(5)}
+
+
 # --- refused files: nothing cached --------------------------------------------------------------
 @pytest.mark.parametrize(
     ("arrays", "match"),
@@ -243,8 +246,11 @@ def test_unknown_id_suggests_close_ones(tmp_path: Path) -> None:
             },
             "differ",
         ),
+        ({**_BASE, "": np.zeros(5)}, "not a key"),
+        ({**_BASE, "a/../b": np.zeros(5)}, "not a key"),
+        ({**_BASE, "a": np.zeros(5), "a/b": np.zeros(5)}, "nested under array 'a'"),
     ],
-    ids=["no-terminals", "rows", "valids", "strings", "next-shape"],
+    ids=["no-terminals", "rows", "valids", "strings", "next-shape", "empty", "dots", "nested"],
 )
 def test_a_foreign_file_is_refused_and_not_cached(
     tmp_path: Path, arrays: dict[str, np.ndarray], match: str

@@ -118,10 +118,13 @@ class RowStream:
         """
         back = self._back
         self._back = None
-        if back is not None:
-            rest = self._read_new(max(0, rows - len(back)))
-            return np.concatenate([back, rest]) if len(rest) else back
-        return self._read_new(rows)
+        if back is None:
+            return self._read_new(rows)
+        if len(back) > rows:  # more pushed back than asked: keep the rest for later
+            self._back = back[rows:]
+            return back[:rows]
+        rest = self._read_new(rows - len(back))
+        return np.concatenate([back, rest]) if len(rest) else back
 
     def unread(self, rows: np.ndarray) -> None:
         """Push ``rows`` (the last ones read) back: the next :meth:`read` starts with them."""

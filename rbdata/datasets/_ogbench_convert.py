@@ -77,7 +77,16 @@ def check_ogbench(npz: NpzArchive) -> tuple[int, list[NpzMember], dict[str, Any]
                 "(one per row of 'observations')"
             )
         if name not in _REQUIRED and name != _NEXT:
+            if any(part in ("", ".", "..") for part in name.split("/")):
+                raise ValueError(f"{source}: array name {name!r} is not a key (empty, . or ..)")
             extras.append(member)
+    paths = {tuple(m.name.split("/")) for m in extras}
+    for path in paths:
+        if any(path[:i] in paths for i in range(1, len(path))):
+            raise ValueError(
+                f"{source}: array {'/'.join(path)!r} is nested under array "
+                f"{'/'.join(next(path[:i] for i in range(1, len(path)) if path[:i] in paths))!r}"
+            )
     if members["terminals"].shape[1:] not in ((), (1,)):
         raise ValueError(f"{source}: 'terminals' has shape {members['terminals'].shape}")
     if _NEXT in members and (
@@ -128,7 +137,7 @@ def _blocks(
                 block[("next", "valid")] = valid.reshape(m, 1)
             block[("episode",)] = ids
             for member in extras:
-                block[("info", member.name)] = streams[member.name].read(m)
+                block[("info", *member.name.split("/"))] = streams[member.name].read(m)
             if stop == n:
                 episode += 0 if done[-1] else 1  # a last, unfinished episode
                 for stream in streams.values():

@@ -19,7 +19,7 @@ key                                   from the file
                                       file's last row
 ``"episode"`` ``[N]`` int64           0, 1, 2, ... in file order; an episode ends at a done row
 ``("info", name)``                    every other array, e.g. ``qpos``, ``qvel``,
-                                      ``button_states``
+                                      ``button_states`` (``a/b`` gives ``("info", "a", "b")``)
 ====================================  ===================================================
 
 OGBench's files hold no rewards (goal-conditioned rewards depend on the goal; the
