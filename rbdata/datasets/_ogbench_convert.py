@@ -137,7 +137,8 @@ def _blocks(
                 block[("next", "valid")] = valid.reshape(m, 1)
             block[("episode",)] = ids
             for member in extras:
-                block[("info", *member.name.split("/"))] = streams[member.name].read(m)
+                key = ("info", *member.name.split("/"))
+                block[key] = streams[member.name].read(m)
             if stop == n:
                 episode += 0 if done[-1] else 1  # a last, unfinished episode
                 for stream in streams.values():
