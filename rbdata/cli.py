@@ -149,8 +149,9 @@ def _run_inspect(args: argparse.Namespace) -> int:
 
 # --- rbdata datasets ... ----------------------------------------------------------------------
 _ID_HELP = (
-    "d4rl/<name> (or a bare D4RL name, e.g. hopper-medium-v2) or minari/<dataset_id> "
-    "(e.g. minari/mujoco/hopper/medium-v0)"
+    "d4rl/<name> (or a bare D4RL name, e.g. hopper-medium-v2), minari/<dataset_id> "
+    "(e.g. minari/mujoco/hopper/medium-v0) or ogbench/<name> (e.g. "
+    "ogbench/antmaze-large-navigate-v0; its validation split: ogbench/<name>-val)"
 )
 _BACKEND_HELP = "storage backend (default: memmap, else the one backend the ID is converted to)"
 
@@ -163,10 +164,11 @@ def _backend_option(parser: Any, help: str, default: str | None = None) -> None:
 def _add_datasets_parser(commands: Any) -> None:
     datasets = commands.add_parser(
         "datasets",
-        help="list, download, inspect and remove offline datasets (D4RL, Minari)",
+        help="list, download, inspect and remove offline datasets (D4RL, Minari, OGBench)",
         description=(
             "Manage the offline dataset cache (--root, else $RBDATA_HOME, else the user cache "
-            "directory). An ID is d4rl/<name> or minari/<dataset_id>; the prefixes are lower "
+            "directory). An ID is d4rl/<name>, minari/<dataset_id> or ogbench/<name>; the "
+            "prefixes are lower "
             "case, so minari/D4RL/door/human-v2 is Minari's D4RL namespace."
         ),
     )
@@ -181,14 +183,14 @@ def _add_datasets_parser(commands: Any) -> None:
     listing = actions.add_parser(
         "list",
         parents=[root],
-        help="list D4RL and Minari datasets and what is in the cache",
+        help="list D4RL, Minari and OGBench datasets and what is in the cache",
         description=(
-            "List every D4RL id of the catalog and the Minari datasets that are local "
-            "($MINARI_DATASETS_PATH) or converted, with their size, whether the data file is "
+            "List every D4RL and OGBench id of the catalogs and the Minari datasets that are "
+            "local ($MINARI_DATASETS_PATH) or converted, with their size, whether the data file is "
             "here and the backends converted in the cache."
         ),
     )
-    listing.add_argument("--family", choices=("d4rl", "minari"), help="one family only")
+    listing.add_argument("--family", choices=("d4rl", "minari", "ogbench"), help="one family only")
     listing.add_argument(
         "--downloaded", action="store_true", help="only datasets with something in the cache"
     )
@@ -213,10 +215,14 @@ def _add_datasets_parser(commands: Any) -> None:
         "--url", help="D4RL only: download this URL (or file:// path) instead of the catalog's"
     )
     source.add_argument(
-        "--file", metavar="PATH", help="D4RL only: convert this local copy of the HDF5 file"
+        "--file",
+        metavar="PATH",
+        help="D4RL and OGBench: convert this local copy of the file (HDF5, .npz)",
     )
     download.add_argument(
-        "--sha256", metavar="HEX", help="D4RL only: the expected digest instead of the catalog's"
+        "--sha256",
+        metavar="HEX",
+        help="D4RL and OGBench: the expected digest instead of the catalog's",
     )
 
     info = actions.add_parser(

@@ -1,4 +1,4 @@
-"""Offline RL datasets (D4RL, Minari) as downloadable, checksummed, memory-mapped buffers.
+"""Offline RL datasets (D4RL, Minari, OGBench) as downloadable, checksummed, memory-mapped buffers.
 
 Each dataset is converted once into a memory-mapped storage under a cache root (``root=``,
 else ``$RBDATA_HOME``, else the user cache directory) and is then both a map-style
@@ -30,6 +30,7 @@ from rbdata.datasets._samples import sample_command
 from rbdata.datasets.base import OfflineDataset
 from rbdata.datasets.d4rl import D4RL
 from rbdata.datasets.minari import Minari
+from rbdata.datasets.ogbench import OGBench
 
 __all__ = [
     "D4RL",
@@ -40,6 +41,7 @@ __all__ = [
     "DatasetRef",
     "DownloadError",
     "Minari",
+    "OGBench",
     "OfflineDataset",
     "cache_root",
     "d4rl_entry",

@@ -1,8 +1,9 @@
 """The logic behind ``rbdata datasets ...``: dataset ids, the cache's contents, the subcommands.
 
-An ID is ``d4rl/<name>`` or ``minari/<dataset_id>`` (lower-case prefixes, case-sensitive, so
-Minari's own ``D4RL/...`` namespace stays unambiguous: ``minari/D4RL/door/human-v2``); a bare
-name without ``/`` is a D4RL id. Each ``*_command`` function prints its report to stdout,
+An ID is ``d4rl/<name>``, ``minari/<dataset_id>`` or ``ogbench/<name>`` (lower-case prefixes,
+case-sensitive, so Minari's own ``D4RL/...`` namespace stays unambiguous:
+``minari/D4RL/door/human-v2``; ``ogbench/<name>-val`` is the validation split of ``<name>``); a
+bare name without ``/`` is a D4RL id. Each ``*_command`` function prints its report to stdout,
 notes to stderr, and returns the exit code; errors are raised (``rbdata.cli`` prints them as
 one line with :func:`error_line`). ``info``, ``remove`` and ``sample`` live in
 :mod:`~rbdata.datasets._info`, :mod:`~rbdata.datasets._remove` and
@@ -20,6 +21,12 @@ from typing import Any
 
 from rbdata.datasets._cache import BACKENDS, DATASET_FILE, entry_dir
 from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog, d4rl_entry
+from rbdata.datasets._ogbench_catalog import (
+    OGBenchFile,
+    ogbench_catalog,
+    ogbench_download_path,
+    ogbench_file,
+)
 from rbdata.datasets.minari import _minari, remote_access
 from rbdata.errors import MissingExtraError
 
@@ -42,13 +49,13 @@ __all__ = [
     "tree_size",
 ]
 
-FAMILIES = ("d4rl", "minari")
+FAMILIES = ("d4rl", "minari", "ogbench")
 DOWNLOADS = "downloads"
 
 
 @dataclass(frozen=True)
 class DatasetRef:
-    """A parsed dataset ID: its family (``"d4rl"``/``"minari"``) and its name in the family."""
+    """A parsed dataset ID: its family (``"d4rl"``, ``"minari"``, ``"ogbench"``) and its name."""
 
     family: str
     name: str
@@ -68,6 +75,8 @@ def parse_id(text: str) -> DatasetRef:
         DatasetRef(family='d4rl', name='hopper-medium-v2')
         >>> str(parse_id("minari/D4RL/door/human-v2"))
         'minari/D4RL/door/human-v2'
+        >>> parse_id("ogbench/scene-play-v0-val")
+        DatasetRef(family='ogbench', name='scene-play-v0-val')
         >>> parse_id("D4RL/door/human-v2")
         Traceback (most recent call last):
         ...
@@ -83,7 +92,8 @@ def parse_id(text: str) -> DatasetRef:
     if "/" in text:
         raise ValueError(
             f"{text!r} is not a dataset ID: write 'minari/{text}' for a Minari dataset "
-            "(IDs are d4rl/<name> or minari/<dataset_id>, the prefixes in lower case)"
+            "(IDs are d4rl/<name>, minari/<dataset_id> or ogbench/<name>, the prefixes in "
+            "lower case)"
         )
     check_name(text, "ID")
     return DatasetRef("d4rl", text)
@@ -164,16 +174,18 @@ def pick_backend(root: Path, ref: DatasetRef, backend: str | None) -> str:
     return have[0] if have and "memmap" not in have else "memmap"
 
 
-def catalog_entry(ref: DatasetRef, root: Path) -> D4RLEntry | None:
-    """The D4RL catalog entry of ``ref``; ``None`` for Minari or a no longer listed but cached id.
+def catalog_entry(ref: DatasetRef, root: Path) -> D4RLEntry | OGBenchFile | None:
+    """The catalog entry of ``ref`` (D4RL, or the OGBench file of an ``ogbench/`` ID).
+
+    ``None`` for Minari, or for a no longer listed but cached id.
 
     Raises:
-        KeyError: an unknown D4RL id with nothing in the cache (with "did you mean").
+        KeyError: an unknown D4RL or OGBench id with nothing in the cache (with "did you mean").
     """
-    if ref.family != "d4rl":
+    if ref.family not in ("d4rl", "ogbench"):
         return None
     try:
-        return d4rl_entry(ref.name)
+        return d4rl_entry(ref.name) if ref.family == "d4rl" else ogbench_file(ref.name)
     except KeyError:
         if converted_backends(root, ref):
             return None
@@ -194,7 +206,7 @@ def print_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> Non
 
 # --- list ------------------------------------------------------------------------------------
 def list_command(root: Path, *, family: str | None, downloaded: bool, remote: bool) -> int:
-    """``rbdata datasets list``: the D4RL catalog and the Minari datasets, and what is cached."""
+    """``rbdata datasets list``: the D4RL and OGBench catalogs, Minari datasets, the cache."""
     code = 0
     if family in (None, "d4rl"):
         _list_d4rl(root, downloaded)
@@ -202,6 +214,10 @@ def list_command(root: Path, *, family: str | None, downloaded: bool, remote: bo
         if family is None:
             print()
         code = _list_minari(root, downloaded, remote)
+    if family in (None, "ogbench"):
+        if family is None:
+            print()
+        _list_ogbench(root, downloaded)
     return code
 
 
@@ -219,6 +235,25 @@ def _list_d4rl(root: Path, downloaded: bool) -> None:
         rows.append((f"d4rl/{name}", human_size(entry.size), where, ",".join(backends) or "-"))
     what = "in the cache" if downloaded else "in the catalog"
     print(f"D4RL: {_count(rows)} {what} (cache: {root / 'd4rl'})")
+    if rows:
+        print_table(rows, ("ID", "SIZE", "FILE", "CONVERTED"))
+
+
+def _list_ogbench(root: Path, downloaded: bool) -> None:
+    """Both files of every OGBench id (``<id>`` and ``<id>-val``); reads no data, no torch."""
+    cached = cached_entries(root, "ogbench")
+    rows = []
+    for entry in ogbench_catalog().values():
+        for source in (entry.train, entry.val):
+            backends = cached.get(source.id, [])
+            file = ogbench_download_path(root, source).is_file()
+            if downloaded and not (backends or file):
+                continue
+            where = "downloaded" if file else "remote"
+            size = human_size(source.size)
+            rows.append((f"ogbench/{source.id}", size, where, ",".join(backends) or "-"))
+    what = "in the cache" if downloaded else "in the catalog (train and -val splits)"
+    print(f"OGBench: {_count(rows)} {what} (cache: {root / 'ogbench'})")
     if rows:
         print_table(rows, ("ID", "SIZE", "FILE", "CONVERTED"))
 
@@ -287,11 +322,30 @@ def download_command(
         dataset = D4RL(
             ref.name, root, backend=backend, url=url, file=file, sha256=sha256, progress=True
         )
+    elif ref.family == "ogbench":
+        from rbdata.datasets.ogbench import OGBench
+
+        source = ogbench_file(ref.name)
+        if url is not None:
+            raise ValueError(
+                f"--url applies to D4RL ids only; for {ref} set RBDATA_OGBENCH_MIRROR to a "
+                "mirror (a URL or a file:// folder), or pass --file PATH"
+            )
+        dataset = OGBench(
+            source.dataset,
+            root,
+            split=source.split,
+            backend=backend,
+            file=file,
+            sha256=sha256,
+            progress=True,
+        )
     else:
         if url is not None or sha256 is not None or file is not None:
             raise ValueError(
-                "--url, --file and --sha256 apply to D4RL ids only, not to Minari datasets "
-                "(Minari reads local datasets from MINARI_DATASETS_PATH)"
+                "--url, --file and --sha256 apply to D4RL ids only (--file and --sha256 to "
+                "OGBench ids too), not to Minari datasets (Minari reads local datasets from "
+                "MINARI_DATASETS_PATH)"
             )
         from rbdata.datasets.minari import Minari
 

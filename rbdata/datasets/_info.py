@@ -19,13 +19,14 @@ from rbdata.datasets._commands import (
     print_table,
     tree_size,
 )
+from rbdata.datasets._ogbench_catalog import OGBenchFile
 
 __all__ = ["advice", "info_command"]
 
 _WIDTH = 72  # longest metadata value shown by `info`
 
 
-def advice(ref: DatasetRef, entry: D4RLEntry | None, backend: str) -> str:
+def advice(ref: DatasetRef, entry: D4RLEntry | OGBenchFile | None, backend: str) -> str:
     """The commands that get ``ref`` converted, as one sentence (they work from a wheel).
 
     Examples:
@@ -43,7 +44,7 @@ def advice(ref: DatasetRef, entry: D4RLEntry | None, backend: str) -> str:
             f"it is an rbdata sample, built locally: run `rbdata datasets sample {ref} --out "
             f"{out}`, then `rbdata datasets download {ref} --file {out}{option}`"
         )
-    if ref.family == "d4rl":
+    if ref.family in ("d4rl", "ogbench"):
         return (
             f"run `rbdata datasets download {ref}{option}` (with a local copy of the file, "
             f"add `--file PATH`)"
@@ -89,6 +90,9 @@ def info_command(root: Path, ref: DatasetRef, *, backend: str | None) -> int:
     print(f"path:         {path}")
     print(f"transitions:  {info.get('transitions', 0):,}")
     print(f"episodes:     {info.get('episodes', 0):,}")
+    for key in ("split", "layout"):  # OGBench: the file's split, compact or regular
+        if key in info:
+            print(f"{key + ':':<13} {info[key]}")
     print(f"size on disk: {human_size(tree_size(path))}")
     if "url" in source:
         print(f"source:       {source.pop('url')}")
@@ -113,7 +117,9 @@ def info_command(root: Path, ref: DatasetRef, *, backend: str | None) -> int:
     return 0
 
 
-def _verified(entry: D4RLEntry | None, info: dict[str, Any], source: dict[str, Any]) -> str:
+def _verified(
+    entry: D4RLEntry | OGBenchFile | None, info: dict[str, Any], source: dict[str, Any]
+) -> str:
     if not source.get("sha256_verified"):
         return "not verified: no digest was expected"
     if entry is not None and entry.sha256 == info["source"]["sha256"]:

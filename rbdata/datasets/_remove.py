@@ -1,4 +1,4 @@
-"""``rbdata datasets remove``: converted entries, D4RL downloads, and whatever a failure left.
+"""``rbdata datasets remove``: converted entries, downloads, and whatever a failure left.
 
 Everything is removed under the lock of what it belongs to, below the cache root only, and
 never through a symbolic link. Besides entries, downloaded files and partial downloads, a
@@ -26,6 +26,7 @@ from rbdata.datasets._commands import (
     pick_backend,
     tree_size,
 )
+from rbdata.datasets._ogbench_catalog import OGBenchFile, ogbench_download_path
 
 __all__ = ["remove_command"]
 
@@ -77,7 +78,7 @@ def remove_command(
     all_backends: bool,
     keep_download: bool,
 ) -> int:
-    """``rbdata datasets remove``: remove converted entries and (D4RL) the downloaded file.
+    """``rbdata datasets remove``: remove converted entries and (D4RL, OGBench) the download.
 
     Each entry is removed under its lock; the D4RL file under the download's lock; then the
     folders left empty. Nothing outside ``root`` is touched and symbolic links are refused.
@@ -94,7 +95,7 @@ def remove_command(
         path = entry_path(root, ref, b)
         try:
             recorded = read_entry(path).get("source", {}).get("file")
-            if ref.family == "d4rl" and isinstance(recorded, str):
+            if ref.family in ("d4rl", "ogbench") and isinstance(recorded, str):
                 files.add(root / recorded)
         except (FileNotFoundError, ValueError):
             pass
@@ -102,13 +103,16 @@ def remove_command(
         removed += _remove_locked(root, path, [path, *stale])
         folders.add(path.parent)
     catalog_file = None
-    if ref.family == "d4rl" and not keep_download:
-        from rbdata.datasets.d4rl import d4rl_download_path
+    if ref.family in ("d4rl", "ogbench") and not keep_download:
+        if isinstance(entry, OGBenchFile):
+            catalog_file = ogbench_download_path(root, entry)
+            files.add(catalog_file)
+        elif entry is not None:
+            from rbdata.datasets.d4rl import d4rl_download_path
 
-        if entry is not None:
             catalog_file = d4rl_download_path(root, entry)
             files.add(catalog_file)
-        downloads = root / "d4rl" / DOWNLOADS
+        downloads = root / ref.family / DOWNLOADS
         for file in sorted(files):
             if ".." in file.parts or not file.is_relative_to(downloads):
                 raise ValueError(f"refusing to remove {file}: not below {downloads}")
@@ -123,7 +127,7 @@ def remove_command(
         print(f"removed {what}{path} ({human_size(size)})")
     for folder in empty:
         print(f"removed empty folder {folder}")
-    if entry is not None and any(path == catalog_file for path, _ in removed):
+    if ref.family == "d4rl" and entry is not None and any(p == catalog_file for p, _ in removed):
         shared = [f"d4rl/{i}" for i, e in d4rl_catalog().items() if e.file == entry.file]
         if len(shared) > 1:
             others = ", ".join(i for i in shared if i != str(ref))

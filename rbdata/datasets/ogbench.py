@@ -1,0 +1,279 @@
+"""``OGBench``: the OGBench datasets, downloaded, checksummed, converted once, memory-mapped.
+
+OGBench (Park et al., 2024) publishes each dataset as ``<id>.npz`` and its validation split as
+``<id>-val.npz`` (``ogbench.utils.download_datasets``). Keys (one row per row of the file,
+same order, the file's dtypes; the rules of ``ogbench.utils.load_dataset``):
+
+====================================  ===================================================
+key                                   from the file
+====================================  ===================================================
+``"observation"``                     ``observations``
+``"action"``                          ``actions``
+``("next", "observation")``           ``next_observations`` if the file holds it; else the
+                                      next row's observation within the trajectory, and a
+                                      copy of the row's own on a trajectory's last row
+                                      (``("next", "valid")`` is ``False`` there)
+``("next", "done")`` ``[N, 1]``       ``terminals`` (bool): the trajectory ends at this row
+``("next", "valid")`` ``[N, 1]``      only without ``next_observations``: OGBench's
+                                      ``valids`` (not ``terminals``), and ``False`` on the
+                                      file's last row
+``"episode"`` ``[N]`` int64           0, 1, 2, ... in file order; an episode ends at a done row
+``("info", name)``                    every other array, e.g. ``qpos``, ``qvel``,
+                                      ``button_states`` (``a/b`` gives ``("info", "a", "b")``)
+====================================  ===================================================
+
+OGBench's files hold no rewards (goal-conditioned rewards depend on the goal; the
+``singletask`` variants compute them with the environment) and no terminated/truncated split:
+``terminals`` marks where a recorded trajectory stops (the scripts run with
+``terminate_at_goal=False`` and a step limit).
+
+The file comes from the catalog's URL (behind ``RBDATA_OGBENCH_MIRROR`` if set) or from a local
+copy (``file=``, or a ``file://`` mirror): a local file is verified like a download (size and
+sha256 where the catalog has them, ``sha256=`` instead) and converted in place, never copied,
+modified or deleted.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from rbdata.datasets._cache import (
+    DATASET_FILE,
+    STORAGE_DIR,
+    build_entry,
+    cache_root,
+    entry_dir,
+    lock_for,
+    prune_empty_dirs,
+)
+from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
+from rbdata.datasets._download import download as fetch
+from rbdata.datasets._ogbench_catalog import (
+    OGBENCH_PREFIX,
+    OGBenchFile,
+    ogbench_download_path,
+    ogbench_entry,
+)
+from rbdata.datasets._ogbench_convert import convert_ogbench
+from rbdata.datasets.base import OfflineDataset
+from rbdata.samplers.base import Sampler
+
+__all__ = ["OGBench", "convert_ogbench", "prepare", "source_url"]
+
+FAMILY = "ogbench"
+MIRROR_ENV = "RBDATA_OGBENCH_MIRROR"
+
+
+class OGBench(OfflineDataset):
+    """An OGBench dataset: downloaded (resumable, checksummed), converted once, memory-mapped.
+
+    The first construction downloads ``<name>.npz`` (``<name>-val.npz`` for ``split="val"``)
+    into the cache (``root``, else ``$RBDATA_HOME``, else the user cache directory), streams it
+    chunk by chunk into a memory-mapped storage (memory bounded by a chunk, not by the file:
+    OGBench's compressed ``.npz`` members cannot be memory-mapped) and opens it; later
+    constructions open the converted entry in milliseconds without the network or the file.
+    With ``file=`` (e.g. OGBench's own ``~/.ogbench/data/<name>.npz``) the local file is
+    verified and converted instead, without the network.
+
+    Args:
+        name: the OGBench id, e.g. ``"antmaze-large-navigate-v0"`` (``rbdata datasets list``).
+        root: the cache root.
+        split: ``"train"`` (``<name>.npz``) or ``"val"`` (``<name>-val.npz``); the cache and
+            the command line name the validation split ``<name>-val``.
+        download: download the file if it is not in the cache (else raise). With ``False``
+            no connection is ever opened: the file must be in the cache or local.
+        file: a local copy of the split's ``.npz``, verified like a download and converted
+            from where it is (not copied, never modified or deleted).
+        sha256: the expected digest of the file, replacing the catalog's sha256 and size
+            (a mirror may serve a re-packed file). Without one the computed digest is
+            recorded in the entry (``info["source"]["sha256"]``).
+        backend: ``"memmap"`` or ``"arrow"`` storage.
+        sampler: sampler of :meth:`~OfflineDataset.sample` and iteration (default uniform).
+        batch_size: default batch size of :meth:`~OfflineDataset.sample` and iteration.
+        transform: applied to sampled batches.
+        progress: show progress bars for the download and the conversion.
+
+    Raises:
+        KeyError: an unknown id.
+        ValueError: an unknown split, a malformed ``sha256``, or a file that is not an OGBench
+            ``.npz`` (corrupt, truncated, missing arrays; nothing is cached).
+        FileNotFoundError: ``download=False`` and the dataset is neither converted nor in the
+            cache, or ``file`` does not exist.
+        rbdata.datasets.ChecksumError: the file's size or sha256 is not the expected one.
+        rbdata.datasets.DownloadError: the download failed; the message ends with the ways
+            out (a mirror, a local file).
+
+    Examples:
+        >>> OGBench("antmaze-larg-navigate-v0")
+        Traceback (most recent call last):
+        ...
+        KeyError: "unknown OGBench dataset 'antmaze-larg-navigate-v0'; did you mean ...
+    """
+
+    def __init__(
+        self,
+        name: str,
+        root: str | os.PathLike[str] | None = None,
+        *,
+        split: str = "train",
+        download: bool = True,
+        file: str | os.PathLike[str] | None = None,
+        sha256: str | None = None,
+        backend: str = "memmap",
+        sampler: Sampler | None = None,
+        batch_size: int | None = None,
+        transform: Callable[[Any], Any] | None = None,
+        progress: bool = True,
+    ) -> None:
+        source = ogbench_entry(name).split(split)
+        base = cache_root(root)
+        target = entry_dir(base, FAMILY, source.id, backend)
+        if not (target / DATASET_FILE).is_file():
+            prepare(
+                source,
+                base,
+                target,
+                backend,
+                download=download,
+                file=file,
+                sha256=sha256,
+                progress=progress,
+            )
+        super().__init__(target, sampler=sampler, batch_size=batch_size, transform=transform)
+
+
+def _way_out(source: OGBenchFile) -> str:
+    """How to get ``source`` without its host: a mirror or a local file."""
+    split = "" if source.split == "train" else ", split='val'"
+    return (
+        f"to get it another way, set {MIRROR_ENV} to a mirror of {OGBENCH_PREFIX} (a URL or a "
+        f"file:// folder), or use a local copy of {source.file}: "
+        f"OGBench({source.dataset!r}{split}, file=PATH), or "
+        f"`rbdata datasets download ogbench/{source.id} --file PATH`"
+    )
+
+
+def source_url(source: OGBenchFile) -> str:
+    """The URL to download ``source`` from: the catalog's, behind ``RBDATA_OGBENCH_MIRROR``.
+
+    Examples:
+        >>> from rbdata.datasets._ogbench_catalog import ogbench_file
+        >>> source_url(ogbench_file("scene-play-v0-val"))
+        'https://rail.eecs.berkeley.edu/datasets/ogbench/scene-play-v0-val.npz'
+    """
+    return resolve_mirror(source.url, OGBENCH_PREFIX, os.environ.get(MIRROR_ENV))
+
+
+def _local_source(
+    source: OGBenchFile, file: str | os.PathLike[str] | None
+) -> tuple[Path, str] | None:
+    """The local file to convert and its URL: ``file=``, a ``file://`` mirror, else None."""
+    if file is not None:
+        path = Path(file).expanduser().absolute()
+        return path, path.as_uri()
+    href = source_url(source)
+    found = local_path(href)
+    return None if found is None else (found.expanduser().absolute(), href)
+
+
+def prepare(
+    source: OGBenchFile,
+    base: Path,
+    target: Path,
+    backend: str,
+    *,
+    download: bool,
+    sha256: str | None,
+    progress: bool,
+    file: str | os.PathLike[str] | None = None,
+) -> None:
+    """Get ``source`` (local, cached or downloaded) and convert it into the entry ``target``.
+
+    A failure leaves nothing behind: no entry, no lock file, no empty folder (a partial
+    download with bytes in it stays, for the next call to resume).
+    """
+    expected_sha = sha256.lower() if sha256 else source.sha256
+    expected_size = None if sha256 else source.size
+    local = _local_source(source, file)
+    cached = ogbench_download_path(base, source)
+
+    def build(tmp: Path) -> dict[str, Any]:
+        where: dict[str, Any]
+        if local is not None:
+            path, href = local
+            got = verify_file(
+                path,
+                name=source.id,
+                sha256=expected_sha,
+                size=expected_size,
+                hint="the file is left as it is; pass sha256= (--sha256) with its digest to "
+                "use it anyway",
+            )
+            where = {"url": href, "path": str(path)}
+        else:
+            got, href = _cached_file(
+                source, cached, download, expected_sha, expected_size, progress
+            )
+            where = {"url": href, "file": got.path.relative_to(base).as_posix()}
+        info = convert_ogbench(
+            got.path, tmp / STORAGE_DIR, backend, progress=progress, desc=f"{source.id} ({backend})"
+        )
+        return {
+            "family": FAMILY,
+            "id": source.id,
+            "dataset": source.dataset,
+            "split": source.split,
+            "backend": backend,
+            **info,
+            "source": {
+                **where,
+                "size": got.size,
+                "sha256": got.sha256,
+                "sha256_verified": expected_sha is not None,
+            },
+        }
+
+    try:
+        build_entry(target, build)
+    except BaseException:
+        prune_empty_dirs(target.parent, base)
+        prune_empty_dirs(cached.parent, base)
+        raise
+
+
+def _cached_file(
+    source: OGBenchFile,
+    file: Path,
+    download: bool,
+    sha256: str | None,
+    size: int | None,
+    progress: bool,
+) -> tuple[Downloaded, str]:
+    """The verified file in the cache's downloads, fetched if missing and ``download``."""
+    href = source_url(source)
+    with lock_for(file):
+        if file.is_file():  # there already: verified, never deleted, no network
+            kept = (
+                f"the file is kept: delete it (`rbdata datasets remove ogbench/{source.id}`) to "
+                "download it again, or pass sha256= (--sha256) with the digest of a file you trust"
+            )
+            return verify_file(file, name=source.id, sha256=sha256, size=size, hint=kept), href
+        if not download:
+            raise FileNotFoundError(
+                f"OGBench dataset {source.id!r} is not in the cache ({file}) and download=False: "
+                f"pass download=True (`rbdata datasets download ogbench/{source.id}`), or "
+                f"{_way_out(source)}"
+            )
+        got = fetch(
+            href,
+            file,
+            name=source.id,
+            sha256=sha256,
+            size=size,
+            progress=progress,
+            hint=_way_out(source),
+        )
+        return got, href
