@@ -14,7 +14,13 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from rbdata.datasets._cache import BACKENDS, lock_for, prune_empty_dirs, read_entry
+from rbdata.datasets._cache import (
+    BACKENDS,
+    d4rl_download_path,
+    lock_for,
+    prune_empty_dirs,
+    read_entry,
+)
 from rbdata.datasets._catalog import d4rl_catalog
 from rbdata.datasets._commands import (
     DOWNLOADS,
@@ -103,8 +109,6 @@ def remove_command(
         folders.add(path.parent)
     catalog_file = None
     if ref.family == "d4rl" and not keep_download:
-        from rbdata.datasets.d4rl import d4rl_download_path
-
         if entry is not None:
             catalog_file = d4rl_download_path(root, entry)
             files.add(catalog_file)
