@@ -12,13 +12,18 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._device import resolve_device
+from rbdata._shown import shown
+
 __all__ = [
     "as_numpy",
+    "capacity_and_source",
     "check_exponent",
     "contiguous_cpu_pair",
     "cpu_copy",
     "device_index_and_priority",
     "index_and_priority",
+    "tree_device",
 ]
 
 
@@ -26,8 +31,35 @@ def check_exponent(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {shown(value)}")
     return float(value)
+
+
+def capacity_and_source(first: Any, data_source: Any) -> tuple[Any, Any]:
+    """``PrioritizedSampler``'s first argument: a capacity, or the storage it reads.
+
+    Every sampler takes its storage first; the prioritized one, whose trees are sized at
+    construction, also takes a capacity there (torchrl's ``max_capacity``). A storage gives
+    both: ``(storage.capacity, storage)``.
+    """
+    capacity = getattr(first, "capacity", None)
+    if capacity is None or not hasattr(first, "__len__"):
+        return first, data_source
+    if data_source is not None and data_source is not first:
+        raise ValueError("PrioritizedSampler: the storage given first is not data_source")
+    return capacity, first
+
+
+def tree_device(device: Any, source: Any) -> torch.device:
+    """Where the trees go: ``device``, else the storage's (``source.device``; CPU without one).
+
+    Raises:
+        RuntimeError: the device cannot hold the trees (CUDA asked for where there is none).
+    """
+    if device is None:
+        device = getattr(source, "device", None)
+        device = device if isinstance(device, (torch.device, str)) else "cpu"
+    return resolve_device(device, "use device='cpu', or device=None to follow the storage")
 
 
 _FLOATS = (torch.float32, torch.float64)

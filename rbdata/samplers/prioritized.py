@@ -13,9 +13,9 @@ from typing import Any
 
 import torch
 
-from rbdata._device import resolve_device
 from rbdata._index import check_capacity
-from rbdata.samplers._priority_input import check_exponent
+from rbdata._torchrl_names import PRIORITIZED_KEYWORDS, torchrl_keywords
+from rbdata.samplers._priority_input import capacity_and_source, check_exponent, tree_device
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, restored_trees
 from rbdata.samplers._trees.cpu import CpuTrees
@@ -33,17 +33,6 @@ _DEVICE_PATH_ON_CPU = False
 #: the kernels of device trees: ``None`` (Triton where it can run, else torch), ``"triton"``
 #: or ``"torch"``; read like :data:`_DEVICE_PATH_ON_CPU` (tests compare the two)
 _DEVICE_KERNELS: str | None = None
-
-
-def _resolve_device(device: Any) -> torch.device:
-    """``device`` as a torch device that can hold the trees, or an error that says why not."""
-    return resolve_device(device, "use device='cpu', or device=None to follow the storage")
-
-
-def _source_device(source: Any) -> torch.device:
-    """The device of a storage (``storage.device``); CPU for anything without one."""
-    device = getattr(source, "device", None)
-    return torch.device(device) if isinstance(device, (torch.device, str)) else torch.device("cpu")
 
 
 def _make_trees(
@@ -84,7 +73,8 @@ class PrioritizedSampler(Sampler):
     ``docs/samplers.md`` (GPU section).
 
     Args:
-        capacity: number of slots (the storage capacity).
+        capacity: number of slots (the storage capacity), or the storage itself (its
+            capacity, and ``data_source``), as the other samplers take it first.
         alpha: prioritization exponent (0: uniform).
         beta: importance-sampling exponent (0: no correction).
         eps: added to every priority before the exponent. With ``eps=0`` a priority of 0 is
@@ -118,9 +108,10 @@ class PrioritizedSampler(Sampler):
         ([0], torch.Size([8]))
     """
 
+    @torchrl_keywords(PRIORITIZED_KEYWORDS)
     def __init__(
         self,
-        capacity: int,
+        capacity: int | Sized,
         alpha: float,
         beta: float,
         eps: float = 1e-8,
@@ -133,9 +124,9 @@ class PrioritizedSampler(Sampler):
         max_priority: float = 1.0,
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        capacity, data_source = capacity_and_source(capacity, data_source)
         super().__init__(data_source, generator)
-        #: the generator is the sampler's own: it may move to the trees' device
-        self._own_generator = generator is None
+        self._own_generator = generator is None  # a private generator may move to the trees
         if isinstance(eps, (str, torch.device)):
             raise TypeError(
                 f"eps must be a number, got {eps!r}: the device is the fifth argument "
@@ -158,7 +149,7 @@ class PrioritizedSampler(Sampler):
         self._initial_max = self._check_default(max_priority, "max_priority")
         #: the device asked for (``None``: the storage's, resolved by attach)
         self._device_arg = None if device is None else str(torch.device(device))
-        self.device = _resolve_device(_source_device(data_source) if device is None else device)
+        self.device = tree_device(device, data_source)
         self._trees = _make_trees(self._spec, self.device, self._initial_max)
         self._match_generator()
         if data_source is not None:
@@ -325,8 +316,7 @@ class PrioritizedSampler(Sampler):
         """
         # priorities set before binding (or loaded) must not draw slots the storage lacks
         self.check_source(storage)
-        device = self.device if self._device_arg is not None else _source_device(storage)
-        device = _resolve_device(device)
+        device = tree_device(self.device if self._device_arg is not None else None, storage)
         self._trees.apply_pending()
         self._check_beyond(self._trees.sum_tree, len(storage))
         super().attach(storage)
