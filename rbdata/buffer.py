@@ -190,7 +190,7 @@ class ReplayBuffer:
         Accepts tensors, arrays, lists or scalars; see
         :meth:`~rbdata.samplers.PrioritizedSampler.update_priority`. Given a sampled
         TensorDict (or dict) batch alone, ``rb.update_priority(batch)`` reads its ``"index"``
-        and its :attr:`priority_key` entry (torchrl's ``update_tensordict_priority``). A
+        and its ``priority_key`` entry (torchrl's ``update_tensordict_priority``). A
         plain-tensor batch has no ``"index"``: take it from ``sample(return_info=True)``.
         """
         update = self._update_priority
