@@ -112,6 +112,8 @@ class SliceSampler(Sampler):
         self.strict_length = check_bool(strict_length, "strict_length")
         self._iter_chunk = 64 * (slice_len or 1)
         self.reset()
+        # given a storage, not attached by a buffer: the first draw indexes what it holds
+        self._unindexed = data_source is not None
 
     # --- the episode index ----------------------------------------------------------------
     def reset(self) -> None:
@@ -256,6 +258,7 @@ class SliceSampler(Sampler):
         A sampler whose state was loaded (:meth:`load_state_dict`) keeps that index.
         """
         super().attach(storage)
+        self._unindexed = False
         n = len(storage)
         if n == 0 or self._restored:
             return
@@ -302,7 +305,7 @@ class SliceSampler(Sampler):
         """Draw ``num_slices`` slices as one flat batch of indices (see the class doc)."""
         num_slices, length = self._shape(batch_size)
         self._length()  # bound and non-empty
-        if self._base is None:  # a storage given filled, no write seen: index what is there
+        if self._base is None and self._unindexed:  # SliceSampler(filled_storage, ...)
             self.attach(self.data_source)  # type: ignore[arg-type]
         cumsum, shift, stops, total = self._segments(length)
         if total == 0:
