@@ -3,20 +3,32 @@
 Storages are map-style :class:`torch.utils.data.Dataset` s, samplers are
 :class:`torch.utils.data.Sampler` s, writers choose slots, and :class:`ReplayBuffer`
 composes them.
+
+The names below are imported on first use (``rbdata.ReplayBuffer``, ``from rbdata import
+TensorStorage``): ``import rbdata`` alone does not import torch, so the ``rbdata`` command's
+help and ``rbdata datasets list`` start in a fraction of torch's import time.
 """
 
-from rbdata import errors, samplers, storages, writers
-from rbdata.buffer import ReplayBuffer
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+from rbdata import errors
 from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
-from rbdata.samplers import (
-    BatchSampler,
-    PrioritizedSampler,
-    SamplerWithoutReplacement,
-    SliceSampler,
-    UniformSampler,
-)
-from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
-from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from rbdata import samplers, storages, writers
+    from rbdata.buffer import ReplayBuffer
+    from rbdata.samplers import (
+        BatchSampler,
+        PrioritizedSampler,
+        SamplerWithoutReplacement,
+        SliceSampler,
+        UniformSampler,
+    )
+    from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
+    from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
 
@@ -43,3 +55,40 @@ __all__ = [
     "storages",
     "writers",
 ]
+
+#: each lazy name → the module that defines it (a subpackage stands for itself)
+_LAZY = {
+    "ReplayBuffer": "rbdata.buffer",
+    **dict.fromkeys(
+        (
+            "BatchSampler",
+            "PrioritizedSampler",
+            "SamplerWithoutReplacement",
+            "SliceSampler",
+            "UniformSampler",
+        ),
+        "rbdata.samplers",
+    ),
+    **dict.fromkeys(
+        ("ArrowStorage", "ListStorage", "MemmapStorage", "TensorStorage"), "rbdata.storages"
+    ),
+    **dict.fromkeys(("ImmutableWriter", "MaxValueWriter", "RoundRobinWriter"), "rbdata.writers"),
+    "samplers": "rbdata.samplers",
+    "storages": "rbdata.storages",
+    "writers": "rbdata.writers",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazy name on first use (PEP 562); it is a plain attribute afterwards."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'rbdata' has no attribute {name!r}")
+    module = importlib.import_module(module_name)
+    value = module if module_name == f"rbdata.{name}" else getattr(module, name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

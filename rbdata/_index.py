@@ -9,6 +9,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._shown import shown
+
 __all__ = [
     "IndexBatch",
     "as_index_tensor",
@@ -27,7 +29,7 @@ def check_capacity(value: Any, name: str = "max_size") -> int:
         10
     """
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value <= 0:
-        raise ValueError(f"{name} must be a positive integer, got {value!r}")
+        raise ValueError(f"{name} must be a positive integer, got {shown(value)}")
     return int(value)
 
 

@@ -5,12 +5,13 @@ from __future__ import annotations
 import inspect
 import os
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
-from rbdata import _buffer_sync, checkpoint
+from rbdata import _buffer_access, _buffer_checkpoint, _buffer_sync, checkpoint
 from rbdata._index import as_index_tensor
+from rbdata._torchrl_names import BUFFER_KEYWORDS, torchrl_keywords
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
 from rbdata.samplers.uniform import UniformSampler
@@ -36,6 +37,8 @@ class ReplayBuffer:
         writer: where items go; default :class:`~rbdata.writers.RoundRobinWriter`.
         transform: called on every sampled batch.
         batch_size: default batch size of :meth:`sample` and of iteration.
+        priority_key: the entry of a batch that :meth:`update_priority` reads the
+            priorities from when given a whole batch (torchrl's default, ``"td_error"``).
 
     Examples:
         >>> import torch
@@ -49,6 +52,7 @@ class ReplayBuffer:
         (torch.Size([4]), torch.Size([4]))
     """
 
+    @torchrl_keywords(BUFFER_KEYWORDS)
     def __init__(
         self,
         storage: Storage,
@@ -56,6 +60,8 @@ class ReplayBuffer:
         writer: Writer | None = None,
         transform: Callable[[Any], Any] | None = None,
         batch_size: int | None = None,
+        *,
+        priority_key: str | tuple[str, ...] = "td_error",
     ) -> None:
         if not isinstance(storage, Storage):
             raise TypeError(f"storage must be an rbdata Storage, got {type(storage).__name__}")
@@ -87,6 +93,8 @@ class ReplayBuffer:
         self.writer = writer
         self.transform = transform
         self.batch_size = batch_size
+        self.priority_key = priority_key
+        self._written = len(storage)  # write_count
         # rbdata's samplers draw in-range indices by construction: skip the range check.
         self._trusted = isinstance(sampler, Sampler) and sampler.data_source is storage
         self._update_priority = getattr(sampler, "update_priority", None)
@@ -116,6 +124,16 @@ class ReplayBuffer:
     _sync = _buffer_sync.sync
     _after_write = _buffer_sync.after_write
 
+    # --- rb[index], write_count, close / with: rbdata/_buffer_access.py ----------------------
+    __getitem__ = _buffer_access.getitem
+    write_count = property(_buffer_access.write_count)
+    closed = property(_buffer_access.closed)
+    close = _buffer_access.close
+    __enter__ = _buffer_access.enter
+    __exit__ = _buffer_access.exit
+    if not TYPE_CHECKING:  # torchrl's names: errors that name ours (unseen by type checkers)
+        __getattr__ = _buffer_access.missing_attribute
+
     def __repr__(self) -> str:
         return (
             f"ReplayBuffer(storage={self.storage!r}, sampler={type(self.sampler).__name__}, "
@@ -136,10 +154,12 @@ class ReplayBuffer:
             index = self.writer.add(self.storage, item)
             if index >= 0:
                 check(index, item)
-        if self._hooked and index >= 0:  # -1: a writer (MaxValueWriter) dropped the item
-            if self._seen is not None:
-                self._after_write(index)
-            self.sampler.on_write(index, item)
+        if index >= 0:  # -1: a writer (MaxValueWriter) dropped the item
+            self._written += 1
+            if self._hooked:
+                if self._seen is not None:
+                    self._after_write(index)
+                self.sampler.on_write(index, item)
         return index
 
     def extend(self, data: Any) -> torch.Tensor:
@@ -157,23 +177,29 @@ class ReplayBuffer:
         else:
             index = self.writer.extend(self.storage, data)
             check(index, data)
+        self._written += len(index)
         if self._hooked:
             if self._seen is not None and index.numel():
                 self._after_write(int(index[0]))
             self.sampler.on_write(index, data)
         return index
 
-    def update_priority(self, index: Any, priority: Any) -> None:
+    def update_priority(self, index: Any, priority: Any = None) -> None:
         """Set the priority of the items at ``index`` (for a prioritized sampler).
 
         Accepts tensors, arrays, lists or scalars; see
-        :meth:`~rbdata.samplers.PrioritizedSampler.update_priority`.
+        :meth:`~rbdata.samplers.PrioritizedSampler.update_priority`. Given a sampled
+        TensorDict (or dict) batch alone, ``rb.update_priority(batch)`` reads its ``"index"``
+        and its ``priority_key`` entry (torchrl's ``update_tensordict_priority``). A
+        plain-tensor batch has no ``"index"``: take it from ``sample(return_info=True)``.
         """
         update = self._update_priority
         if update is None:
             raise TypeError(
                 f"{type(self.sampler).__name__} has no priorities: use a PrioritizedSampler"
             )
+        if priority is None:
+            index, priority = _buffer_access.priority_of_batch(index, self.priority_key)
         update(index, priority)
 
     def _batch_size(self, batch_size: int | None) -> int:
@@ -193,20 +219,26 @@ class ReplayBuffer:
         transform = self.transform
         return batch if transform is None else transform(batch)
 
-    def sample(self, batch_size: int | None = None) -> Any:
+    def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Draw one batch (default size: the buffer's ``batch_size``).
 
-        TensorDict batches carry ``"index"`` and the sampler's extras (e.g. ``"weight"``).
+        TensorDict batches carry ``"index"`` and the sampler's extras (e.g. ``"weight"``);
+        batches of plain tensors cannot. ``return_info=True`` returns ``(batch, info)`` for
+        every kind of item, as torchrl does: ``info`` has ``"index"`` (for
+        :meth:`update_priority`) and the extras (``"weight"`` for a prioritized sampler).
         """
         bs = self._batch_size(batch_size)
         if self._seen is not None:
             self._sync()
         if self._trusted:  # rbdata samplers raise EmptyBufferError themselves
             idx, extras = self.sampler.draw(bs)
-            return self._fetch(idx, extras)
-        if len(self.storage) == 0:
-            raise EmptyBufferError("cannot sample: the buffer is empty (add or extend first)")
-        return self._fetch(self.sampler.sample(bs), None)
+            batch = self._fetch(idx, extras)
+        else:
+            if len(self.storage) == 0:
+                raise EmptyBufferError("cannot sample: the buffer is empty (add or extend first)")
+            idx, extras = as_index_tensor(self.sampler.sample(bs), len(self.storage), "buffer"), {}
+            batch = self._fetch(idx, None)
+        return (batch, {"index": idx, **extras}) if return_info else batch
 
     def __iter__(self) -> Iterator[Any]:
         """Batches of ``batch_size``: endless, or one epoch for epoch samplers."""
@@ -223,6 +255,7 @@ class ReplayBuffer:
     def empty(self) -> None:
         """Remove every item; the writer and the sampler start over."""
         self.storage.clear()
+        self._written = 0
         self.writer.reset()
         reset = getattr(self.sampler, "reset", None)
         if reset is not None:
@@ -230,6 +263,7 @@ class ReplayBuffer:
 
     # --- checkpoints ------------------------------------------------------------------------
     def _components(self) -> tuple[Storage, Sampler, Writer, int | None]:
+        _buffer_access.check_open(self)
         if not isinstance(self.sampler, Sampler):
             raise TypeError(
                 f"cannot checkpoint the sampler {type(self.sampler).__name__}: checkpoints "
@@ -237,30 +271,11 @@ class ReplayBuffer:
             )
         return self.storage, self.sampler, self.writer, self.batch_size
 
-    def dumps(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
-        """Write the whole buffer to directory ``path``, atomically and without pickle.
-
-        The storage's items (raw memory-mapped arrays, or Arrow IPC files), the sampler's
-        state (priority trees as raw arrays, generator state), the writer's state and the
-        batch size are saved; the transform is not. A previous checkpoint at ``path`` stays
-        live until the new one is complete, then is replaced in one atomic step: a process
-        killed at any moment leaves one complete checkpoint. See ``docs/checkpoints.md``.
-
-        Args:
-            path: the checkpoint directory (created if needed).
-            fsync: fsync every file and directory before the switch (default), so the
-                checkpoint also survives a power loss. ``False`` does not wait for the disk
-                writeback (for 1M transitions that wait is longer than writing the files)
-                and keeps the guarantee for a killed process, not for a machine that loses
-                power.
-
-        Raises:
-            TypeError: if a component cannot be saved without pickle (e.g. a
-                :class:`~rbdata.storages.ListStorage` item of another type); nothing is
-                written then.
-            FileExistsError: if ``path`` holds files that are not a checkpoint's.
-        """
-        checkpoint.dump(*self._components(), path, fsync=fsync)
+    # --- dumps, load, state_dict, load_state_dict: rbdata/_buffer_checkpoint.py -----------
+    dumps = _buffer_checkpoint.dumps
+    load = _buffer_checkpoint.load
+    state_dict = _buffer_checkpoint.state_dict
+    load_state_dict = _buffer_checkpoint.load_state_dict
 
     def _loads_into(
         self,
@@ -337,37 +352,6 @@ class ReplayBuffer:
         storage, sampler, writer, batch_size = checkpoint.load(path, verify=verify)
         return cls(storage, sampler, writer, transform=transform, batch_size=batch_size)
 
-    def load(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
-        """Load checkpoint ``path`` into this buffer (its components must match).
-
-        The storage, sampler and writer classes and their configuration (capacity, priority
-        exponents...) must equal the checkpoint's; the items are copied into this buffer's
-        own storage. ``batch_size`` and ``transform`` are kept. ``rb.loads(path)`` does the
-        same and returns ``rb``.
-
-        Args:
-            path: a directory written by :meth:`dumps`.
-            verify: check every file against its recorded CRC-32 first (see :meth:`loads`).
-
-        Raises:
-            ValueError: if the components differ (nothing is changed then).
-            rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint.
-        """
-        self._adopt(checkpoint.load(path, verify=verify), str(path))
-
-    def state_dict(self) -> dict[str, Any]:
-        """The whole buffer as a dict for ``torch.save`` (small buffers).
-
-        It holds tensors and plain values only: ``torch.load(..., weights_only=True)``
-        reads it back. For large buffers prefer :meth:`dumps`, which writes whole arrays and
-        loads lazily.
-        """
-        return checkpoint.state_dict(*self._components())
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a :meth:`state_dict` into this buffer (same component checks as :meth:`load`)."""
-        self._adopt(checkpoint.from_state_dict(state), "state")
-
     @classmethod
     def from_state_dict(
         cls, state: dict[str, Any], transform: Callable[[Any], Any] | None = None
@@ -375,12 +359,6 @@ class ReplayBuffer:
         """Build a new buffer from a :meth:`state_dict`."""
         storage, sampler, writer, batch_size = checkpoint.from_state_dict(state)
         return cls(storage, sampler, writer, transform=transform, batch_size=batch_size)
-
-    def _adopt(self, parts: checkpoint.Components, source: str) -> None:
-        """Check that ``parts`` match this buffer's components, then take their contents."""
-        checkpoint.load_into(parts, *self._components()[:3], source)
-        if self._seen is not None:  # the copied items are not other processes' writes
-            self._seen, self._own_seen = self.storage.write_count, self.storage.own_writes
 
 
 def _takes_check(method: Any) -> bool:

@@ -44,6 +44,7 @@ import torch
 from torchdata.nodes import BaseNode
 
 from rbdata._index import IndexBatch
+from rbdata._shown import shown
 from rbdata.buffer import ReplayBuffer
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
 from rbdata.samplers.prioritized import PrioritizedSampler
@@ -159,7 +160,9 @@ class BufferSource(BaseNode):
                 or not isinstance(num_batches, int)
                 or num_batches <= 0
             ):
-                raise ValueError(f"num_batches must be a positive integer, got {num_batches!r}")
+                raise ValueError(
+                    f"num_batches must be a positive integer, got {shown(num_batches)}"
+                )
             if sampler.epoch_based:
                 raise ValueError(
                     f"num_batches: {type(sampler).__name__} ends each iteration with its epoch; "

@@ -8,8 +8,14 @@ Besides the datasets, this package exports what the command line (``rbdata datas
 ``rbdata inspect``, ``rbdata demo``) uses of it: the D4RL catalog (:func:`d4rl_entry`), the
 cache (:func:`cache_root`, :func:`read_entry`, :data:`DATASET_FILE`, :data:`STORAGE_DIR`)
 and one function per ``rbdata datasets`` action (:func:`list_command`...), which prints its
-report and returns the exit status.
+report and returns the exit status. The command functions import no torch; the datasets
+(:class:`D4RL`, :class:`Minari`, :class:`OfflineDataset`) are imported on first use.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 from rbdata.datasets import _cache
 from rbdata.datasets._cache import cache_root, read_entry
@@ -27,10 +33,12 @@ from rbdata.datasets._errors import ChecksumError, DownloadError
 from rbdata.datasets._info import info_command
 from rbdata.datasets._remove import remove_command
 from rbdata.datasets._samples import sample_command
-from rbdata.datasets.base import OfflineDataset
-from rbdata.datasets.d4rl import D4RL
-from rbdata.datasets.minari import Minari
-from rbdata.datasets.ogbench import OGBench
+
+if TYPE_CHECKING:  # the datasets import torch: on first use (see __getattr__)
+    from rbdata.datasets.base import OfflineDataset
+    from rbdata.datasets.d4rl import D4RL
+    from rbdata.datasets.minari import Minari
+    from rbdata.datasets.ogbench import OGBench
 
 __all__ = [
     "D4RL",
@@ -61,3 +69,20 @@ __all__ = [
 DATASET_FILE = _cache.DATASET_FILE
 #: the entry's storage directory, next to :data:`DATASET_FILE`
 STORAGE_DIR = _cache.STORAGE_DIR
+
+#: the dataset classes (they import torch) → their modules, imported on first use
+_LAZY = {"D4RL": "d4rl", "Minari": "minari", "OfflineDataset": "base"}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a dataset class on first use (PEP 562); a plain attribute afterwards."""
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module 'rbdata.datasets' has no attribute {name!r}")
+    value = getattr(importlib.import_module(f"rbdata.datasets.{module}"), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -14,6 +14,7 @@ entry, and a second process asking for the same entry waits, then opens what the
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -28,6 +29,7 @@ import platformdirs
 
 from rbdata._atomic import fsync_dir
 from rbdata._files import read_meta
+from rbdata.datasets._catalog import D4RLEntry
 from rbdata.datasets._lock import VanishingLock, file_lock
 
 __all__ = [
@@ -38,6 +40,7 @@ __all__ = [
     "build_entry",
     "cache_root",
     "check_name",
+    "d4rl_download_path",
     "entry_dir",
     "lock_for",
     "prune_empty_dirs",
@@ -96,6 +99,18 @@ def entry_dir(root: Path, family: str, name: str, backend: str) -> Path:
     if backend not in BACKENDS:
         raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
     return root.joinpath(family, *check_name(name), backend)
+
+
+def d4rl_download_path(root: Path, entry: D4RLEntry, url: str | None = None) -> Path:
+    """Where the HDF5 file of ``entry`` is downloaded (ids sharing a file share the path)."""
+    base = root / "d4rl" / "downloads"
+    if url is None:
+        parts = [p for p in entry.file.split("/") if p not in ("", ".", "..")]
+        return base.joinpath(*parts)
+    tag = hashlib.sha256(url.encode("utf-8")).hexdigest()[:16]
+    name = url.rstrip("/").rsplit("/", 1)[-1] or "data.hdf5"
+    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".") or "data"
+    return base / f"url-{tag}" / name
 
 
 def lock_for(path: Path) -> VanishingLock | filelock.BaseFileLock:

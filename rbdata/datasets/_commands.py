@@ -19,15 +19,15 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rbdata.datasets._cache import BACKENDS, DATASET_FILE, entry_dir
+from rbdata.datasets._cache import BACKENDS, DATASET_FILE, d4rl_download_path, entry_dir
 from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog, d4rl_entry
+from rbdata.datasets._minari_extra import minari_module, remote_access
 from rbdata.datasets._ogbench_catalog import (
     OGBenchFile,
     ogbench_catalog,
     ogbench_download_path,
     ogbench_file,
 )
-from rbdata.datasets.minari import _minari, remote_access
 from rbdata.errors import MissingExtraError
 
 __all__ = [
@@ -222,8 +222,6 @@ def list_command(root: Path, *, family: str | None, downloaded: bool, remote: bo
 
 
 def _list_d4rl(root: Path, downloaded: bool) -> None:
-    from rbdata.datasets.d4rl import d4rl_download_path
-
     cached = cached_entries(root, "d4rl")
     rows = []
     for name, entry in d4rl_catalog().items():
@@ -271,7 +269,7 @@ def _list_minari(root: Path, downloaded: bool, remote: bool) -> int:
     remote_meta: dict[str, Any] = {}
     problem = None
     try:
-        minari = _minari("Minari datasets")
+        minari = minari_module("Minari datasets")
         local = dict(minari.list_local_datasets())
         if remote and not downloaded:
             try:

@@ -14,7 +14,13 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from rbdata.datasets._cache import BACKENDS, lock_for, prune_empty_dirs, read_entry
+from rbdata.datasets._cache import (
+    BACKENDS,
+    d4rl_download_path,
+    lock_for,
+    prune_empty_dirs,
+    read_entry,
+)
 from rbdata.datasets._catalog import d4rl_catalog
 from rbdata.datasets._commands import (
     DOWNLOADS,
@@ -108,8 +114,6 @@ def remove_command(
             catalog_file = ogbench_download_path(root, entry)
             files.add(catalog_file)
         elif entry is not None:
-            from rbdata.datasets.d4rl import d4rl_download_path
-
             catalog_file = d4rl_download_path(root, entry)
             files.add(catalog_file)
         downloads = root / ref.family / DOWNLOADS

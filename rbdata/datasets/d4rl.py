@@ -28,7 +28,6 @@ place, never copied, modified or deleted.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -39,6 +38,7 @@ from rbdata.datasets._cache import (
     STORAGE_DIR,
     build_entry,
     cache_root,
+    d4rl_download_path,
     entry_dir,
     lock_for,
     prune_empty_dirs,
@@ -61,18 +61,6 @@ __all__ = [
 
 FAMILY = "d4rl"
 MIRROR_ENV = "RBDATA_D4RL_MIRROR"
-
-
-def d4rl_download_path(root: Path, entry: D4RLEntry, url: str | None = None) -> Path:
-    """Where the HDF5 file of ``entry`` is downloaded (ids sharing a file share the path)."""
-    base = root / FAMILY / "downloads"
-    if url is None:
-        parts = [p for p in entry.file.split("/") if p not in ("", ".", "..")]
-        return base.joinpath(*parts)
-    tag = hashlib.sha256(url.encode("utf-8")).hexdigest()[:16]
-    name = url.rstrip("/").rsplit("/", 1)[-1] or "data.hdf5"
-    name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name).lstrip(".") or "data"
-    return base / f"url-{tag}" / name
 
 
 class D4RL(OfflineDataset):

@@ -43,8 +43,7 @@ from __future__ import annotations
 
 import math
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -57,63 +56,14 @@ from rbdata.datasets._cache import (
     prune_empty_dirs,
 )
 from rbdata.datasets._minari_convert import convert_minari, minari_metadata
+from rbdata.datasets._minari_extra import minari_module as _minari
+from rbdata.datasets._minari_extra import remote_access
 from rbdata.datasets.base import OfflineDataset
-from rbdata.errors import MissingExtraError
 from rbdata.samplers.base import Sampler
 
 __all__ = ["Minari", "convert_minari", "minari_metadata", "prepare", "remote_access"]
 
 FAMILY = "minari"
-#: what Minari's default remote (Hugging Face, ``hf://farama-minari``) needs
-_REMOTE_PACKAGE = "huggingface_hub"
-
-
-def _minari(feature: str = "rbdata.datasets.Minari") -> Any:
-    """The ``minari`` package, or a :class:`MissingExtraError` naming ``feature``."""
-    try:
-        import minari
-    except ImportError as err:
-        raise MissingExtraError("minari", "minari", feature) from err
-    return minari
-
-
-def _missing_module(err: BaseException) -> str | None:
-    """The name of the module whose import failed somewhere in ``err``'s chain, if known."""
-    seen: set[int] = set()
-    current: BaseException | None = err
-    while current is not None and id(current) not in seen:
-        seen.add(id(current))
-        if isinstance(current, ImportError) and current.name:
-            return current.name
-        current = current.__cause__ or current.__context__
-    return None
-
-
-@contextmanager
-def remote_access(feature: str) -> Iterator[None]:
-    """Turn Minari's ImportError for its remote's client into the ``rbdata[minari]`` line.
-
-    Minari imports the client of its remote (``huggingface_hub`` for the default
-    ``hf://farama-minari``) only when it lists or downloads remote datasets, and raises a bare
-    ``ImportError`` without it. That client is part of ``rbdata[minari]``.
-
-    Raises:
-        rbdata.errors.MissingExtraError: the remote's client is missing; the message has
-            ``pip install 'rbdata[minari]'``. Other remotes (``MINARI_REMOTE=gcp://...``) keep
-            Minari's own message, which names their extra.
-    """
-    try:
-        yield
-    except ImportError as err:
-        if isinstance(err, MissingExtraError):
-            raise
-        missing = _missing_module(err) or ""
-        remote = os.environ.get("MINARI_REMOTE", "hf://")
-        if missing.split(".")[0] == _REMOTE_PACKAGE or (
-            not missing and remote.startswith("hf://") and _REMOTE_PACKAGE in str(err)
-        ):
-            raise MissingExtraError(_REMOTE_PACKAGE, "minari", feature) from err
-        raise
 
 
 def _score(value: Any) -> float | None:

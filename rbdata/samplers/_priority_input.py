@@ -12,8 +12,11 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._shown import shown
+
 __all__ = [
     "as_numpy",
+    "capacity_and_source",
     "check_exponent",
     "contiguous_cpu_pair",
     "cpu_copy",
@@ -26,8 +29,23 @@ def check_exponent(value: Any, name: str) -> float:
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise TypeError(f"{name} must be a number, got {type(value).__name__}")
     if not math.isfinite(value) or value < 0:
-        raise ValueError(f"{name} must be a finite number >= 0, got {value!r}")
+        raise ValueError(f"{name} must be a finite number >= 0, got {shown(value)}")
     return float(value)
+
+
+def capacity_and_source(first: Any, data_source: Any) -> tuple[Any, Any]:
+    """``PrioritizedSampler``'s first argument: a capacity, or the storage it reads.
+
+    Every sampler takes its storage first; the prioritized one, whose trees are sized at
+    construction, also takes a capacity there (torchrl's ``max_capacity``). A storage gives
+    both: ``(storage.capacity, storage)``.
+    """
+    capacity = getattr(first, "capacity", None)
+    if capacity is None or not hasattr(first, "__len__"):
+        return first, data_source
+    if data_source is not None and data_source is not first:
+        raise ValueError("PrioritizedSampler: the storage given first is not data_source")
+    return capacity, first
 
 
 _FLOATS = (torch.float32, torch.float64)

@@ -20,6 +20,7 @@ import torch
 from torch.utils.data import Sampler as TorchSampler
 
 from rbdata._index import IndexBatch
+from rbdata._shown import shown
 from rbdata.errors import EmptyBufferError
 
 __all__ = [
@@ -64,7 +65,7 @@ def check_batch_size(batch_size: Any) -> int:
         or not isinstance(batch_size, numbers.Integral)
         or batch_size <= 0
     ):
-        raise ValueError(f"batch_size must be a positive integer, got {batch_size!r}")
+        raise ValueError(f"batch_size must be a positive integer, got {shown(batch_size)}")
     return int(batch_size)
 
 
@@ -80,7 +81,7 @@ def check_bool(value: Any, name: str) -> bool:
     """
     if isinstance(value, (bool, np.bool_)):
         return bool(value)
-    raise TypeError(f"{name} must be a bool, got {value!r} ({type(value).__name__})")
+    raise TypeError(f"{name} must be a bool, got {shown(value)} ({type(value).__name__})")
 
 
 class _SampleIterator(Iterator[Any]):
@@ -362,7 +363,7 @@ class BatchSampler(TorchSampler[list[int]]):
         self.sampler = sampler
         self.batch_size = check_batch_size(batch_size)
         if num_batches is not None and (not isinstance(num_batches, int) or num_batches <= 0):
-            raise ValueError(f"num_batches must be a positive integer, got {num_batches!r}")
+            raise ValueError(f"num_batches must be a positive integer, got {shown(num_batches)}")
         self.num_batches = num_batches
 
     def __iter__(self) -> Iterator[list[int]]:

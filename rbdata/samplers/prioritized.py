@@ -13,8 +13,9 @@ from typing import Any
 
 import torch
 
+from rbdata._torchrl_names import PRIORITIZED_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _prioritized_checks as _checks
-from rbdata.samplers._priority_input import check_exponent
+from rbdata.samplers._priority_input import capacity_and_source, check_exponent
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, restored_trees
 from rbdata.samplers._trees.cpu import CpuTrees
@@ -70,7 +71,8 @@ class PrioritizedSampler(Sampler):
     ``docs/samplers.md`` (GPU section).
 
     Args:
-        capacity: number of slots (the storage capacity).
+        capacity: number of slots (the storage capacity), or the storage itself (its
+            capacity, and ``data_source``), as the other samplers take it first.
         alpha: prioritization exponent (0: uniform).
         beta: importance-sampling exponent (0: no correction).
         eps: added to every priority before the exponent. With ``eps=0`` a priority of 0 is
@@ -104,9 +106,10 @@ class PrioritizedSampler(Sampler):
         ([0], torch.Size([8]))
     """
 
+    @torchrl_keywords(PRIORITIZED_KEYWORDS)
     def __init__(
         self,
-        capacity: int,
+        capacity: int | Sized,
         alpha: float,
         beta: float,
         eps: float = 1e-8,
@@ -119,6 +122,7 @@ class PrioritizedSampler(Sampler):
         max_priority: float = 1.0,
         dtype: torch.dtype = torch.float32,
     ) -> None:
+        capacity, data_source = capacity_and_source(capacity, data_source)
         super().__init__(data_source, generator)
         #: the generator is the sampler's own: it may move to the trees' device
         self._own_generator = generator is None

@@ -13,6 +13,7 @@ the data, so its cost does not grow with the buffer.
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Sized
 from typing import Any
 
@@ -23,6 +24,8 @@ from tensordict import TensorDict
 from rbdata._layout import Key, flatten
 from rbdata._layout_keys import key_name
 from rbdata._layout_values import stack_items
+from rbdata._shown import shown
+from rbdata._torchrl_names import SLICE_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _slices
 from rbdata.samplers.base import Sampler, check_bool
 
@@ -46,7 +49,12 @@ class SliceSampler(Sampler):
     The index assumes writes in time order through a ring (:class:`~rbdata.RoundRobinWriter`);
     other write patterns raise ``ValueError``.
 
+    Like every sampler, it takes the storage it reads first (``SliceSampler(storage,
+    slice_len=8)``, or none inside a :class:`~rbdata.ReplayBuffer`); the options are keywords,
+    spelled as torchrl's.
+
     Args:
+        data_source: the storage (``None``: bound by the buffer).
         slice_len: steps per slice.
         num_slices: slices per batch.
         end_key: key of the per-step end flag (``("next", "done")`` by default).
@@ -54,7 +62,6 @@ class SliceSampler(Sampler):
         strict_length: skip episodes shorter than ``slice_len``. Otherwise they come back
             whole, padded to ``slice_len`` by repeating their last step, with a ``"mask"``
             entry that is ``False`` on the padding.
-        data_source: the storage (``None``: bound by the buffer).
         generator: random generator (``None``: a private one seeded from torch's global RNG).
 
     Examples:
@@ -74,23 +81,30 @@ class SliceSampler(Sampler):
     #: the end flags of items written by other processes are read from the storage
     on_write_reads_data = True
 
+    @torchrl_keywords(SLICE_KEYWORDS)
     def __init__(
         self,
+        data_source: Sized | None = None,
+        *,
         slice_len: int | None = None,
         num_slices: int | None = None,
         end_key: str | tuple[str, ...] = ("next", "done"),
         traj_key: str | tuple[str, ...] | None = None,
         strict_length: bool = True,
-        *,
-        data_source: Sized | None = None,
         generator: torch.Generator | None = None,
     ) -> None:
+        if isinstance(data_source, numbers.Number):
+            raise TypeError(
+                f"SliceSampler's first argument is the storage it reads, as for every sampler, "
+                f"got {shown(data_source)}: give slice_len= or num_slices= by keyword "
+                f"(SliceSampler(slice_len={shown(data_source)}))"
+            )
         super().__init__(data_source, generator)
         if (slice_len is None) == (num_slices is None):
             raise ValueError("give exactly one of slice_len and num_slices")
         for name, value in (("slice_len", slice_len), ("num_slices", num_slices)):
             if value is not None and (not isinstance(value, int) or value <= 0):
-                raise ValueError(f"{name} must be a positive integer, got {value!r}")
+                raise ValueError(f"{name} must be a positive integer, got {shown(value)}")
         self.slice_len = slice_len
         self.num_slices = num_slices
         self.end_key = _as_key(end_key)
@@ -98,6 +112,8 @@ class SliceSampler(Sampler):
         self.strict_length = check_bool(strict_length, "strict_length")
         self._iter_chunk = 64 * (slice_len or 1)
         self.reset()
+        # given a storage, not attached by a buffer: the first draw indexes what it holds
+        self._unindexed = data_source is not None
 
     # --- the episode index ----------------------------------------------------------------
     def reset(self) -> None:
@@ -242,6 +258,7 @@ class SliceSampler(Sampler):
         A sampler whose state was loaded (:meth:`load_state_dict`) keeps that index.
         """
         super().attach(storage)
+        self._unindexed = False
         n = len(storage)
         if n == 0 or self._restored:
             return
@@ -288,6 +305,8 @@ class SliceSampler(Sampler):
         """Draw ``num_slices`` slices as one flat batch of indices (see the class doc)."""
         num_slices, length = self._shape(batch_size)
         self._length()  # bound and non-empty
+        if self._base is None and self._unindexed:  # SliceSampler(filled_storage, ...)
+            self.attach(self.data_source)  # type: ignore[arg-type]
         cumsum, shift, stops, total = self._segments(length)
         if total == 0:
             raise ValueError(

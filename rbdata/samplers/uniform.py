@@ -7,6 +7,7 @@ from typing import Any
 
 import torch
 
+from rbdata._shown import shown
 from rbdata.samplers.base import Sampler, check_batch_size, check_bool
 
 __all__ = ["UniformSampler"]
@@ -39,7 +40,7 @@ class UniformSampler(Sampler):
         super().__init__(data_source, generator)
         self.replacement = check_bool(replacement, "replacement")
         if num_samples is not None and (not isinstance(num_samples, int) or num_samples <= 0):
-            raise ValueError(f"num_samples must be a positive integer, got {num_samples!r}")
+            raise ValueError(f"num_samples must be a positive integer, got {shown(num_samples)}")
         self.num_samples = num_samples
 
     def config(self) -> dict[str, Any]:

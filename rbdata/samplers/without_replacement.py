@@ -8,6 +8,7 @@ from typing import Any
 
 import torch
 
+from rbdata._torchrl_names import WITHOUT_REPLACEMENT_KEYWORDS, torchrl_keywords
 from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["SamplerWithoutReplacement"]
@@ -37,6 +38,7 @@ class SamplerWithoutReplacement(Sampler):
 
     epoch_based = True
 
+    @torchrl_keywords(WITHOUT_REPLACEMENT_KEYWORDS)
     def __init__(
         self,
         data_source: Sized | None = None,

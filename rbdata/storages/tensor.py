@@ -11,6 +11,7 @@ import torch
 
 from rbdata._device import resolve_device
 from rbdata._layout import STRING, TENSOR, Layout
+from rbdata._torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl_keywords
 from rbdata.storages import _memory
 from rbdata.storages._staging import same_device, to_device
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
@@ -34,6 +35,8 @@ class TensorStorage(Storage):
 
     Raises:
         RuntimeError: if ``device`` is not available (e.g. ``"cuda"`` without CUDA).
+        TypeError: if ``max_size`` is data (torchrl's ``TensorStorage(tensor)``, which is
+            ``TensorStorage(len(data))`` then ``extend(data)`` here).
 
     Examples:
         >>> import torch
@@ -47,7 +50,9 @@ class TensorStorage(Storage):
     writes_rows = True  # write_row/write_rows write whenever the buffers are CPU numpy views
     _shared = False  # True for a MemmapStorage other processes write: no per-step path then
 
+    @torchrl_keywords(TENSOR_KEYWORDS)
     def __init__(self, max_size: int, device: torch.device | str | None = None) -> None:
+        refuse_data_capacity(self, max_size)  # torchrl's TensorStorage(tensor)
         super().__init__(max_size, device)
         resolve_device(self.device)  # refused here, at construction, if it cannot hold data
         self._buffers: list[torch.Tensor] = []

@@ -63,6 +63,7 @@ import numpy as np
 import torch
 
 from rbdata._files import check_dir, storage_dir
+from rbdata._index import check_capacity
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_ragged
 from rbdata.storages.arrow._chunks import (
@@ -152,9 +153,7 @@ class ArrowStorage(ArrowFiles):
         super().__init__(max_size, device="cpu")
         if chunk_size is None:
             chunk_size = min(self.capacity, _DEFAULT_CHUNK)
-        if isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1:
-            raise ValueError(f"chunk_size must be a positive integer, got {chunk_size!r}")
-        self.chunk_size = min(chunk_size, self.capacity)
+        self.chunk_size = min(check_capacity(chunk_size, "chunk_size"), self.capacity)
         self._ragged = check_ragged(ragged)
         root, self._finalizer = storage_dir(self, path, "rbdata-arrow-")
         self._path = check_dir(root, "ArrowStorage")

@@ -48,6 +48,7 @@ import torch
 
 from rbdata._files import atomic_write_json, storage_dir
 from rbdata._layout import Layout
+from rbdata._torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
 from rbdata.storages import _memory
 from rbdata.storages.memmap import _lifecycle, _sharing, _writes
 from rbdata.storages.memmap._directory import (
@@ -101,6 +102,7 @@ class MemmapStorage(MemmapFiles):
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
     _own = 0  # items this process committed through commit (see own_writes)
 
+    @torchrl_keywords(MEMMAP_KEYWORDS)
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
         super().__init__(max_size, device="cpu")
         root, self._finalizer = storage_dir(self, path, "rbdata-memmap-")
