@@ -71,7 +71,7 @@ DATASET_FILE = _cache.DATASET_FILE
 STORAGE_DIR = _cache.STORAGE_DIR
 
 #: the dataset classes (they import torch) → their modules, imported on first use
-_LAZY = {"D4RL": "d4rl", "Minari": "minari", "OfflineDataset": "base"}
+_LAZY = {"D4RL": "d4rl", "Minari": "minari", "OGBench": "ogbench", "OfflineDataset": "base"}
 
 
 def __getattr__(name: str) -> Any:
