@@ -8,6 +8,7 @@ composes them.
 from rbdata import errors, samplers, storages, writers
 from rbdata.buffer import ReplayBuffer
 from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
+from rbdata.mixed import MixedBuffer
 from rbdata.samplers import (
     BatchSampler,
     PrioritizedSampler,
@@ -28,6 +29,7 @@ __all__ = [
     "ListStorage",
     "MaxValueWriter",
     "MemmapStorage",
+    "MixedBuffer",
     "MissingExtraError",
     "PrioritizedSampler",
     "ReadOnlyError",
