@@ -26,7 +26,7 @@ from rbdata.datasets._commands import (
 from rbdata.datasets._errors import ChecksumError, DownloadError
 from rbdata.datasets._info import info_command
 from rbdata.datasets._remove import remove_command
-from rbdata.datasets._samples import sample_command
+from rbdata.datasets._samples import sample_command, write_sample
 from rbdata.datasets.base import OfflineDataset
 from rbdata.datasets.d4rl import D4RL
 from rbdata.datasets.minari import Minari
@@ -53,6 +53,7 @@ __all__ = [
     "read_entry",
     "remove_command",
     "sample_command",
+    "write_sample",
 ]
 
 #: the metadata file of a converted dataset's cache entry (what :func:`read_entry` reads)

@@ -100,7 +100,7 @@ class MixedBuffer:
     ) -> None:
         keys, drop_info = select_keys(keys, drop_info)
         batch_size = None if batch_size is None else check_batch_size(batch_size)
-        if isinstance(sources, Mapping):  # weights are checked before anything is bound
+        if isinstance(sources, Mapping) and sources:  # weights: checked before any binding
             check_weights(weights, list(sources))
         parts, layout = make_sources(sources, samplers, generator, keys, drop_info)
         self._sources = parts

@@ -9,7 +9,7 @@ It is an rbdata :class:`~rbdata.samplers.Sampler` over the combined index space 
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sized
+from collections.abc import Callable, Mapping, Sized
 from typing import Any
 
 import torch
@@ -148,6 +148,40 @@ class MixedSampler(Sampler):
     def __len__(self) -> int:
         return sum(len(s) for s in self.sources)
 
+    # --- pipeline state (rbdata.nodes) ------------------------------------------------------
+    def draw_state(self, rule: Callable[[Sampler], Any]) -> dict[str, Any]:
+        """The weights and ``rule(sampler)`` of each source's sampler (for implementers).
+
+        :class:`~rbdata.nodes.BufferSource` passes its rule: a pipeline saves what decides
+        the next draws, not the buffers' data (priorities, episode index).
+        """
+        return {
+            "weights": self.weights,
+            "samplers": {s.name: rule(s.sampler) for s in self.sources},
+        }
+
+    def load_draw_state(
+        self,
+        state: Any,
+        load: Callable[[Sampler, Any], None],
+        rule: Callable[[Sampler], Any],
+    ) -> None:
+        """Restore a :meth:`draw_state` with ``load``; all of it or nothing (``ValueError``)."""
+        weights, states = self._check_state(state)
+        saved = [rule(s.sampler) for s in self.sources]
+        done = 0
+        try:
+            for source in self.sources:
+                load(source.sampler, states[source.name])
+                done += 1
+        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
+            for source, old in zip(self.sources[:done], saved, strict=False):
+                load(source.sampler, old)
+            raise ValueError(
+                f"state['samplers'][{self.sources[done].name!r}]: {type(err).__name__}: {err}"
+            ) from err
+        self.weights = weights
+
     # --- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The weights and every source sampler's :meth:`state_dict`, by source name."""
@@ -158,22 +192,7 @@ class MixedSampler(Sampler):
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`: all of it, or nothing (``ValueError`` says why)."""
-        weights, states = self._check_state(state)
-        saved = [s.sampler.state_dict() for s in self.sources]
-        done = 0
-        try:
-            for source in self.sources:
-                source.sampler.load_state_dict(states[source.name])
-                done += 1
-        except (KeyError, TypeError, ValueError, RuntimeError, IndexError) as err:
-            for source, old in zip(self.sources[:done], saved, strict=False):
-                source.sampler.load_state_dict(old)
-            name, kind = self.sources[done].name, type(self.sources[done].sampler).__name__
-            raise ValueError(
-                f"state['samplers'][{name!r}]: not a state of this {kind} "
-                f"({type(err).__name__}: {err})"
-            ) from err
-        self.weights = weights
+        self.load_draw_state(state, _load_full, _full)
 
     def _check_state(self, state: Any) -> tuple[dict[str, float], dict[str, Any]]:
         if not isinstance(state, Mapping) or set(state) != {"weights", "samplers"}:
@@ -189,3 +208,11 @@ class MixedSampler(Sampler):
             got = sorted(states) if isinstance(states, Mapping) else type(states).__name__
             raise ValueError(f"state['samplers']: expected the sources {self.names}, got {got}")
         return dict(weights), dict(states)
+
+
+def _full(sampler: Sampler) -> Any:
+    return sampler.state_dict()
+
+
+def _load_full(sampler: Sampler, state: Any) -> None:
+    sampler.load_state_dict(state)
