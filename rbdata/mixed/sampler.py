@@ -33,7 +33,7 @@ class MixedSampler(Sampler):
     its share goes to the others.
 
     Args:
-        sources: the mixture's sources (:func:`~rbdata.mixed.make_sources`).
+        sources: the mixture's sources (built by :class:`~rbdata.MixedBuffer`).
         weights: one weight per source name.
         data_source: the combined view (``mixed.dataset``).
         layout: the batches' layout, ``None`` while every source is empty.
@@ -62,7 +62,7 @@ class MixedSampler(Sampler):
     # --- weights and counts ----------------------------------------------------------------
     @property
     def weights(self) -> dict[str, float]:
-        """The weights, by source name (a copy: assign to :attr:`weights` to change them)."""
+        """The weights by source name, as a new dict; assign a dict to change them."""
         return dict(zip(self.names, self._weights, strict=True))
 
     @weights.setter
