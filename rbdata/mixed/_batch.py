@@ -4,9 +4,8 @@
 returns the user-facing batch: the selected leaves, ``"index"`` (the combined index),
 ``"source"`` (the source's position) and the samplers' extras. Where a storage exposes its
 backing tensors (``buffers``) and is not written by other processes, each source's rows are
-gathered with ``index_select(..., out=)`` into its slice of the batch's leaves: no per-source
-batch is built and nothing is concatenated. Other storages gather through their ``gather``
-contract and the leaves are concatenated.
+gathered with one ``index_select`` per leaf and each leaf concatenated: no per-source batch
+(TensorDict) is built. Other storages gather through their ``gather`` contract.
 """
 
 from __future__ import annotations
@@ -36,20 +35,18 @@ def gather_leaves(
         source, idx = parts[0]
         return _slow_part(source, idx, layout)
     if all(s.columns is not None and s.columns.fast and not s.storage.shared for s, _ in parts):
-        out = [
-            torch.empty((n, *leaf.shape), dtype=leaf.dtype, device=device) for leaf in layout.leaves
-        ]
-        start = 0
+        # per leaf: one index_select per source, then one cat (measured cheaper than
+        # gathering into slices of a preallocated leaf: a slice costs about an index_select)
+        select = torch.index_select
+        pieces = []
         for source, idx in parts:
             buffers = source.storage.buffers  # type: ignore[attr-defined]
-            end = start + idx.shape[0]
             if idx.device != device:
                 idx = idx.to(device, non_blocking=idx.is_cpu)
-            for leaf, position in zip(out, source.columns.positions, strict=True):  # type: ignore[union-attr]
-                torch.index_select(buffers[position], 0, idx, out=leaf[start:end])
-            start = end
-        return out
-    pieces = [_slow_part(source, idx, layout) for source, idx in parts]
+            positions = source.columns.positions  # type: ignore[union-attr]
+            pieces.append([select(buffers[p], 0, idx) for p in positions])
+    else:
+        pieces = [_slow_part(source, idx, layout) for source, idx in parts]
     return [torch.cat(column) for column in zip(*pieces, strict=True)]
 
 
@@ -104,7 +101,8 @@ def assemble(
 ) -> Any:
     """The user-facing batch of ``parts`` with the per-item entries ``extra``."""
     leaves = gather_leaves(parts, layout, n, device)
-    for key, value in extra.items():
-        if value.device != device:
-            extra[key] = value.to(device, non_blocking=value.is_cpu)
+    if device.type != "cpu" or any(not v.is_cpu for v in extra.values()):
+        for key, value in extra.items():
+            if value.device != device:
+                extra[key] = value.to(device, non_blocking=value.is_cpu)
     return layout.assemble(leaves, torch.Size((n,)), device, extra)

@@ -142,7 +142,7 @@ class MixedBuffer:
 
     def counts(self, batch_size: int | None = None) -> dict[str, int]:
         """How many items of a batch each source gives now (empty sources: 0)."""
-        counts, _ = self.sampler.plan(self._batch_size(batch_size))
+        counts = self.sampler.plan(self._batch_size(batch_size))[0]
         return dict(zip(self.sampler.names, counts, strict=True))
 
     def locate(self, index: Any) -> tuple[torch.Tensor, torch.Tensor]:
@@ -177,12 +177,7 @@ class MixedBuffer:
             ~rbdata.errors.EmptyBufferError: no source with a positive weight holds data.
         """
         n = self._batch_size(batch_size)
-        parts, extras, counts, column = self.sampler.draw_parts(n)
-        if len(parts) == 1:
-            source, idx = parts[0]
-            index = idx + source.offset if source.offset else idx
-        else:
-            index = torch.cat([idx + source.offset for source, idx in parts])
+        parts, extras, counts, (index, column) = self.sampler.draw_parts(n)
         extra = fill_extras(extras, counts, self.sampler.weighted)
         extra["index"] = index
         extra["source"] = column.clone()

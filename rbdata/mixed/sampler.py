@@ -57,7 +57,7 @@ class MixedSampler(Sampler):
         self.layout = layout
         self._keys, self._drop_info = keys, drop_info
         self.weighted = any(callable(getattr(s.sampler, "update_priority", None)) for s in sources)
-        self._counts: dict[tuple[int, tuple[bool, ...]], tuple[list[int], torch.Tensor]] = {}
+        self._counts: dict[tuple[int, tuple[bool, ...]], Any] = {}
 
     # --- weights and counts ----------------------------------------------------------------
     @property
@@ -82,8 +82,8 @@ class MixedSampler(Sampler):
             filled.append(full)
         return filled
 
-    def plan(self, batch_size: int) -> tuple[list[int], torch.Tensor]:
-        """Each source's count in a batch of ``batch_size`` now, and the ``"source"`` column.
+    def plan(self, batch_size: int) -> tuple[list[int], torch.Tensor, torch.Tensor]:
+        """Counts of a batch of ``batch_size`` now, its ``"source"`` and offset columns.
 
         Raises:
             ~rbdata.errors.EmptyBufferError: no source with a positive weight holds data.
@@ -103,26 +103,31 @@ class MixedSampler(Sampler):
                 f"cannot sample: no source with a positive weight holds data: {state}"
             )
         counts = largest_remainder(effective, batch_size)
-        column = torch.repeat_interleave(
-            torch.arange(len(counts)), torch.tensor(counts, dtype=torch.long)
-        )
+        sizes = torch.tensor(counts, dtype=torch.long)
+        column = torch.repeat_interleave(torch.arange(len(counts)), sizes)
+        offsets = torch.tensor([s.offset for s in self.sources], dtype=torch.long)
+        offset_column = torch.repeat_interleave(offsets, sizes)
         if len(self._counts) > 64:  # batch sizes seen: a handful
             self._counts.clear()
-        self._counts[key] = (counts, column)
-        return counts, column
+        self._counts[key] = (counts, column, offset_column)
+        return counts, column, offset_column
 
     # --- drawing ---------------------------------------------------------------------------
     def draw_parts(
         self, batch_size: int
     ) -> tuple[list[tuple[Source, torch.Tensor]], list[dict[str, torch.Tensor]], list[int], Any]:
-        """Each source's draw: ``(source, local indices)`` pairs, their extras and counts.
+        """Each source's draw: ``(source, local indices)`` pairs, extras, counts, and more.
+
+        The last item is the batch's combined indices and its ``"source"`` column (cached:
+        clone it before handing it out).
 
         A draw that raises (e.g. a :class:`~rbdata.samplers.SliceSampler` given a count
         that is no multiple of its slice length) leaves every source's generator as it was.
         """
-        counts, column = self.plan(batch_size)
+        counts, column, offset_column = self.plan(batch_size)
         drawing = [(s, c) for s, c in zip(self.sources, counts, strict=True) if c]
-        saved = [s.sampler.generator.get_state() for s, _ in drawing]
+        # the last draw's own failure changes nothing of it: only the earlier ones are saved
+        saved = [s.sampler.generator.get_state() for s, _ in drawing[:-1]]
         parts, extras = [], []
         try:
             for source, count in drawing:
@@ -133,14 +138,15 @@ class MixedSampler(Sampler):
             for (source, _), state in zip(drawing, saved, strict=False):
                 source.sampler.generator.set_state(state)
             raise
-        return parts, extras, [c for _, c in drawing], column
+        index = torch.cat([idx for _, idx in parts]) if len(parts) > 1 else parts[0][1]
+        index = index + offset_column.to(index.device)  # combined indices, a new tensor
+        return parts, extras, [c for _, c in drawing], (index, column)
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Combined indices of one batch, and ``"source"`` and the samplers' extras."""
         from rbdata.mixed._batch import fill_extras
 
-        parts, extras, counts, column = self.draw_parts(check_batch_size(batch_size))
-        index = torch.cat([idx + source.offset for source, idx in parts])
+        _, extras, counts, (index, column) = self.draw_parts(check_batch_size(batch_size))
         out = fill_extras(extras, counts, self.weighted)
         out["source"] = column.clone()
         return index, out
