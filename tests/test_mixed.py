@@ -313,3 +313,62 @@ def test_a_bad_state_changes_nothing() -> None:
         mixed.load_state_dict({"weights": {"a": 1}, "samplers": good["samplers"]})
     with pytest.raises(ValueError, match="expected a dict"):
         mixed.load_state_dict([])  # type: ignore[arg-type]
+
+
+# --- random operation sequences against a plain model -------------------------------------------
+@pytest.mark.parametrize("seed", range(4))
+def test_random_sequences_match_a_plain_model(seed: int) -> None:
+    """Random extends, weight changes, samples, priority updates and state round trips.
+
+    The model is plain Python: each source's filled length, the weights and the expected
+    counts from the Hamilton reference (empty sources count as weight 0).
+    """
+    rng = torch.Generator().manual_seed(seed)
+    online = prioritized_buffer(64, 0, 5000, seed)
+    mixed = MixedBuffer(
+        {"offline": storage(40, 0), "online": online, "other": storage(25, 9000, 30)},
+        {"offline": 1.0, "online": 1.0, "other": 0.5},
+        generator=torch.Generator().manual_seed(seed),
+    )
+    model = {"lens": [40, 0, 25], "weights": [1.0, 1.0, 0.5], "written": 0}
+    offsets = [0, 40, 104]
+    for _ in range(60):
+        op = int(torch.randint(5, (), generator=rng))
+        if op == 0:  # the agent writes a few steps (the ring wraps at 64)
+            k = int(torch.randint(1, 9, (), generator=rng))
+            online.extend(rows(k, 5000 + model["written"]))
+            model["written"] += k
+            model["lens"][1] = min(64, model["written"])
+        elif op == 1:  # new weights (sometimes a zero)
+            w = (torch.randint(0, 4, (3,), generator=rng).double() / 2).tolist()
+            if not any(w):
+                with pytest.raises(ValueError):
+                    mixed.weights = dict(zip(("offline", "online", "other"), w, strict=True))
+                continue
+            mixed.weights = dict(zip(("offline", "online", "other"), w, strict=True))
+            model["weights"] = w
+        elif op == 2:  # a state round trip: the copy continues exactly like the original
+            state = mixed.state_dict()
+            expected = mixed.sample(17)["index"]
+            mixed.load_state_dict(state)
+            assert torch.equal(mixed.sample(17)["index"], expected)
+        else:  # a sample, checked against the model; then priorities for its rows
+            n = int(torch.randint(1, 50, (), generator=rng))
+            effective = [
+                w if size else 0.0 for w, size in zip(model["weights"], model["lens"], strict=True)
+            ]
+            if not any(effective):
+                with pytest.raises(EmptyBufferError):
+                    mixed.sample(n)
+                continue
+            batch = mixed.sample(n)
+            counts = torch.bincount(batch["source"], minlength=3).tolist()
+            assert counts == reference_counts(effective, n)
+            position, local = mixed.locate(batch["index"])
+            lens = torch.tensor(model["lens"])
+            assert bool((local < lens[position]).all())
+            assert torch.equal(batch["index"], local + torch.tensor(offsets)[position])
+            fixed = position != 1  # the storages' rows say where they came from
+            base = torch.tensor([0.0, 0.0, 9000.0])[position]
+            assert torch.equal(batch["id"][fixed], (base + local)[fixed].double())
+            mixed.update_priority(batch["index"], torch.rand(n, generator=rng) + 0.01)
