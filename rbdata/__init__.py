@@ -20,6 +20,7 @@ from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rbdata import samplers, storages, writers
     from rbdata.buffer import ReplayBuffer
+    from rbdata.mixed import MixedBuffer
     from rbdata.samplers import (
         BatchSampler,
         PrioritizedSampler,
@@ -40,6 +41,7 @@ __all__ = [
     "ListStorage",
     "MaxValueWriter",
     "MemmapStorage",
+    "MixedBuffer",
     "MissingExtraError",
     "PrioritizedSampler",
     "ReadOnlyError",
@@ -59,6 +61,7 @@ __all__ = [
 #: each lazy name → the module that defines it (a subpackage stands for itself)
 _LAZY = {
     "ReplayBuffer": "rbdata.buffer",
+    "MixedBuffer": "rbdata.mixed",
     **dict.fromkeys(
         (
             "BatchSampler",

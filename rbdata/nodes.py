@@ -8,6 +8,9 @@ standard nodes compose around it with no glue::
 
     Loader(Prefetcher(PinMemory(ParallelMapper(BufferSource(rb), transform, 2)), 4))
 
+A :class:`~rbdata.MixedBuffer` is a source too (``BufferSource(mixed)``): its state is the
+weights and each source sampler's draw state, by the rule below.
+
 **Finite or endless.** A :class:`~rbdata.samplers.SamplerWithoutReplacement` gives one epoch per
 iteration (``reset()`` starts the next one). Samplers with replacement (uniform, prioritized,
 slice) are endless unless ``num_batches`` ends each iteration after that many batches.
@@ -46,6 +49,7 @@ from torchdata.nodes import BaseNode
 from rbdata._index import IndexBatch
 from rbdata._shown import shown
 from rbdata.buffer import ReplayBuffer
+from rbdata.mixed import MixedBuffer, MixedSampler
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.samplers.slice import SliceSampler
@@ -61,6 +65,8 @@ _STATE_KEYS = ("sampler", "batch_size", "num_yielded", "started", "sampler_state
 
 def _draw_state(sampler: Sampler) -> dict[str, Any]:
     """The part of ``sampler``'s state that decides its next draws (see the module doc)."""
+    if isinstance(sampler, MixedSampler):  # the weights and each source's draw state
+        return sampler.draw_state(_draw_state)
     if isinstance(sampler, _DATA_STATE_SAMPLERS):
         return {"generator": sampler.generator.get_state()}
     return sampler.state_dict()
@@ -68,7 +74,9 @@ def _draw_state(sampler: Sampler) -> dict[str, Any]:
 
 def _load_draw_state(sampler: Sampler, state: dict[str, Any]) -> None:
     """Restore a :func:`_draw_state` (the sampler checks it before changing anything)."""
-    if isinstance(sampler, _DATA_STATE_SAMPLERS):
+    if isinstance(sampler, MixedSampler):
+        sampler.load_draw_state(state, _load_draw_state, _draw_state)
+    elif isinstance(sampler, _DATA_STATE_SAMPLERS):
         generator = state["generator"]
         if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8:
             raise ValueError(
@@ -138,8 +146,10 @@ class BufferSource(BaseNode):
     def __init__(
         self, buffer: ReplayBuffer, batch_size: int | None = None, num_batches: int | None = None
     ) -> None:
-        if not isinstance(buffer, (ReplayBuffer, _StorageReader)):
-            raise TypeError(f"buffer must be an rbdata ReplayBuffer, got {type(buffer).__name__}")
+        if not isinstance(buffer, (ReplayBuffer, _StorageReader, MixedBuffer)):
+            raise TypeError(
+                f"buffer must be an rbdata ReplayBuffer or MixedBuffer, got {type(buffer).__name__}"
+            )
         sampler = buffer.sampler
         if not isinstance(sampler, Sampler):
             raise TypeError(

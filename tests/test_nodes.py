@@ -357,7 +357,9 @@ class _DuckSampler:
 
 def test_constructor_rejects_bad_arguments() -> None:
     rb = _buffer("uniform")
-    with pytest.raises(TypeError, match="buffer must be an rbdata ReplayBuffer, got list"):
+    with pytest.raises(
+        TypeError, match="buffer must be an rbdata ReplayBuffer or MixedBuffer, got list"
+    ):
         BufferSource([1, 2, 3])  # type: ignore[arg-type]
     duck = ReplayBuffer(TensorStorage(10), sampler=_DuckSampler())  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="buffer: BufferSource needs an rbdata Sampler"):

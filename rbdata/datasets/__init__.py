@@ -32,7 +32,7 @@ from rbdata.datasets._commands import (
 from rbdata.datasets._errors import ChecksumError, DownloadError
 from rbdata.datasets._info import info_command
 from rbdata.datasets._remove import remove_command
-from rbdata.datasets._samples import sample_command
+from rbdata.datasets._samples import sample_command, write_sample
 
 if TYPE_CHECKING:  # the datasets import torch: on first use (see __getattr__)
     from rbdata.datasets.base import OfflineDataset
@@ -63,6 +63,7 @@ __all__ = [
     "read_entry",
     "remove_command",
     "sample_command",
+    "write_sample",
 ]
 
 #: the metadata file of a converted dataset's cache entry (what :func:`read_entry` reads)

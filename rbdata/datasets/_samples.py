@@ -49,7 +49,7 @@ def write_sample(name: str, path: str | os.PathLike[str]) -> Path:
     """Write the D4RL-layout HDF5 file of the sample ``name`` to ``path`` (atomically).
 
     Args:
-        name: a sample id of the catalog (see :func:`sample_ids`).
+        name: a sample id of the catalog (``cartpole-random-v0``).
         path: the file to write (its folder is created; an existing file is replaced).
 
     Returns:
