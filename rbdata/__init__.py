@@ -13,6 +13,7 @@ from rbdata.samplers import (
     PrioritizedSampler,
     SamplerWithoutReplacement,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     UniformSampler,
 )
 from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
@@ -35,6 +36,7 @@ __all__ = [
     "RoundRobinWriter",
     "SamplerWithoutReplacement",
     "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "TensorStorage",
     "UniformSampler",
     "__version__",

@@ -41,6 +41,7 @@ from rbdata.samplers import (
     PrioritizedSampler,
     SamplerWithoutReplacement,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     UniformSampler,
 )
 from rbdata.samplers.base import Sampler
@@ -123,6 +124,7 @@ for _cls in (
     SamplerWithoutReplacement,
     PrioritizedSampler,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     RoundRobinWriter,
     ImmutableWriter,
     MaxValueWriter,

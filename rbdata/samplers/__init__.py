@@ -3,6 +3,7 @@
 from rbdata.samplers.base import BatchSampler, Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.samplers.slice import SliceSampler
+from rbdata.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from rbdata.samplers.uniform import UniformSampler
 from rbdata.samplers.without_replacement import SamplerWithoutReplacement
 
@@ -12,5 +13,6 @@ __all__ = [
     "Sampler",
     "SamplerWithoutReplacement",
     "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "UniformSampler",
 ]
