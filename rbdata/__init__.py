@@ -11,6 +11,7 @@ from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
 from rbdata.samplers import (
     BatchSampler,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -31,6 +32,7 @@ __all__ = [
     "MemmapStorage",
     "MissingExtraError",
     "PrioritizedSampler",
+    "PrioritizedSliceSampler",
     "ReadOnlyError",
     "ReplayBuffer",
     "RoundRobinWriter",

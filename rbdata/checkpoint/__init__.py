@@ -39,6 +39,7 @@ from rbdata.checkpoint._validate import check_component, read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers import (
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     SamplerWithoutReplacement,
     SliceSampler,
     SliceSamplerWithoutReplacement,
@@ -123,6 +124,7 @@ for _cls in (
     UniformSampler,
     SamplerWithoutReplacement,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     SliceSampler,
     SliceSamplerWithoutReplacement,
     RoundRobinWriter,

@@ -2,6 +2,7 @@
 
 from rbdata.samplers.base import BatchSampler, Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
+from rbdata.samplers.prioritized_slice import PrioritizedSliceSampler
 from rbdata.samplers.slice import SliceSampler
 from rbdata.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from rbdata.samplers.uniform import UniformSampler
@@ -10,6 +11,7 @@ from rbdata.samplers.without_replacement import SamplerWithoutReplacement
 __all__ = [
     "BatchSampler",
     "PrioritizedSampler",
+    "PrioritizedSliceSampler",
     "Sampler",
     "SamplerWithoutReplacement",
     "SliceSampler",
