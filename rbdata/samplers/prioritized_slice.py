@@ -266,7 +266,7 @@ class PrioritizedSliceSampler(SliceSampler):
     # --- priorities ---------------------------------------------------------------------
     @property
     def max_priority(self) -> float:
-        """The highest priority seen so far (on CUDA: waits for the GPU)."""
+        """The highest priority seen so far (reading it waits for a CUDA device)."""
         return float(self._max_p)
 
     def total(self) -> float:
