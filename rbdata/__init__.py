@@ -24,8 +24,10 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rbdata.samplers import (
         BatchSampler,
         PrioritizedSampler,
+        PrioritizedSliceSampler,
         SamplerWithoutReplacement,
         SliceSampler,
+        SliceSamplerWithoutReplacement,
         UniformSampler,
     )
     from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
@@ -44,11 +46,13 @@ __all__ = [
     "MixedBuffer",
     "MissingExtraError",
     "PrioritizedSampler",
+    "PrioritizedSliceSampler",
     "ReadOnlyError",
     "ReplayBuffer",
     "RoundRobinWriter",
     "SamplerWithoutReplacement",
     "SliceSampler",
+    "SliceSamplerWithoutReplacement",
     "TensorStorage",
     "UniformSampler",
     "__version__",
@@ -66,8 +70,10 @@ _LAZY = {
         (
             "BatchSampler",
             "PrioritizedSampler",
+            "PrioritizedSliceSampler",
             "SamplerWithoutReplacement",
             "SliceSampler",
+            "SliceSamplerWithoutReplacement",
             "UniformSampler",
         ),
         "rbdata.samplers",

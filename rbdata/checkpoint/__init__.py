@@ -39,8 +39,10 @@ from rbdata.checkpoint._validate import check_component, read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers import (
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     SamplerWithoutReplacement,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     UniformSampler,
 )
 from rbdata.samplers.base import Sampler
@@ -122,7 +124,9 @@ for _cls in (
     UniformSampler,
     SamplerWithoutReplacement,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     SliceSampler,
+    SliceSamplerWithoutReplacement,
     RoundRobinWriter,
     ImmutableWriter,
     MaxValueWriter,

@@ -29,6 +29,7 @@ from rbdata._checked import (
 )
 from rbdata.errors import CheckpointError
 from rbdata.samplers.prioritized import PrioritizedSampler
+from rbdata.samplers.prioritized_slice import PrioritizedSliceSampler
 from rbdata.writers.max_value import MaxValueWriter
 
 __all__ = [
@@ -86,7 +87,7 @@ def check_component(
     metadata file) starts the error messages.
     """
     at = f"{where}: field '{kind}.config.capacity'" if where else f"{kind}: capacity"
-    if issubclass(cls, PrioritizedSampler):
+    if issubclass(cls, (PrioritizedSampler, PrioritizedSliceSampler)):
         cap = config.get("capacity")
         if isinstance(cap, bool) or not isinstance(cap, int) or cap < capacity:
             raise CheckpointError(
@@ -96,7 +97,8 @@ def check_component(
         saved = state.get("capacity") if isinstance(state, dict) else None
         if saved != cap:
             raise CheckpointError(f"{at}: {cap}, but the saved state is for {saved!r:.40} slots")
-        tree = state.get("sum_tree")  # read from tensors.bin: sized by the file present
+        # read from tensors.bin: sized by the file present (a slice sampler saves priorities)
+        tree = state.get("sum_tree" if "sum_tree" in state else "priority")
         # a tree holds one leaf per slot (and at most ~10 elements per slot), so the trees
         # the constructor allocates are bounded by the bytes actually saved
         if not isinstance(tree, torch.Tensor) or tree.numel() < cap:

@@ -101,14 +101,14 @@ def tree_device(device: Any, source: Any) -> torch.device:
     return resolve_device(device, "use device='cpu', or device=None to follow the storage")
 
 
-def check_source_size(storage: Sized, capacity: int) -> None:
+def check_source_size(storage: Sized, capacity: int, owner: str = "PrioritizedSampler") -> None:
     """Raise ``ValueError`` if ``storage`` can hold more items than ``capacity`` slots."""
     size = getattr(storage, "capacity", None)
     if size is None:
         size = len(storage)
     if int(size) > capacity:
         raise ValueError(
-            f"capacity: PrioritizedSampler has {capacity} slots, fewer than the "
+            f"capacity: {owner} has {capacity} slots, fewer than the "
             f"{int(size)} items its storage can hold; give it the storage's capacity"
         )
 

@@ -25,7 +25,13 @@ from _timing import Config, Report, free, measure
 from bench_foundation import leaves, transitions
 from tensordict import TensorDict
 
-from rbdata import PrioritizedSampler, ReplayBuffer, SliceSampler, TensorStorage
+from rbdata import (
+    PrioritizedSampler,
+    PrioritizedSliceSampler,
+    ReplayBuffer,
+    SliceSampler,
+    TensorStorage,
+)
 
 try:
     import cpprb
@@ -274,7 +280,76 @@ def bench_slices(cfg: Config, rep: Report) -> None:
         rep.note(f"N={_size(FULL_SIZES[-1])} skipped in --quick")
 
 
-WORKLOADS: list[Callable[[Config, Report], None]] = [bench_prioritized, bench_slices]
+# --- 3. prioritized slices -------------------------------------------------------------------
+def _prioritized_slices_at(n: int, cfg: Config, rep: Report) -> tuple[float, float]:
+    """Time a prioritized slice draw from a full buffer of ``n`` steps: (seconds, floor)."""
+    ep_len, slice_len, bs, chunk = EP_LEN, SLICE_LEN, SLICE_BATCH, FILL_CHUNK
+    num_slices = bs // slice_len
+    obs, done = _episodes(n, ep_len)
+    gen = torch.Generator().manual_seed(0)
+    sampler = PrioritizedSliceSampler(n, 0.6, 0.4, slice_len=slice_len, generator=gen)
+    rb = ReplayBuffer(TensorStorage(n), sampler=sampler)
+    for start in range(0, n, chunk):
+        rb.extend(_td(obs[start : start + chunk], done[start : start + chunk]))
+    # distinct priorities: every start's own (updates of whole slices, 64k at a time)
+    starts = torch.arange(n).view(-1, ep_len)[:, : ep_len - slice_len + 1].reshape(-1)
+    for part in starts.split(65_536):
+        items = (part.unsqueeze(1) + torch.arange(slice_len)).reshape(-1)
+        rb.update_priority(items, torch.rand(items.shape[0], generator=gen, dtype=torch.float64))
+    episodes = n // ep_len
+    arange = torch.arange(slice_len)
+    g = torch.Generator().manual_seed(1)
+
+    def floor() -> torch.Tensor:  # a uniform slice draw on plain tensors: no tree, no index
+        ep = torch.randint(episodes, (num_slices,), generator=g)
+        off = torch.randint(ep_len - slice_len + 1, (num_slices,), generator=g)
+        return ((ep * ep_len + off).unsqueeze(1) + arange).reshape(-1)
+
+    t = measure({"rbdata": lambda: sampler.draw(bs), "floor": floor}, cfg)
+    rep.ratio(f"N={_size(n)}: draw({bs}) + weights", t["rbdata"], t["floor"], 10.0)
+    batch = rb.sample(bs)
+    index, td_error = batch["index"], torch.rand(bs, dtype=torch.float64)
+    u = measure({"rbdata": lambda: rb.update_priority(index, td_error), "floor": floor}, cfg)
+    rep.info(f"  N={_size(n)}: update_priority({bs} items)", u["rbdata"], u["floor"])
+    return t["rbdata"], t["floor"]
+
+
+def bench_prioritized_slices(cfg: Config, rep: Report) -> None:
+    slice_len, bs = SLICE_LEN, SLICE_BATCH
+    sizes = (100_000, 1_000_000) if cfg is _timing.QUICK else (1_000_000, 10_000_000)
+    rep.section(
+        f"3. PrioritizedSliceSampler(slice_len={slice_len}): draw({bs}) = {bs // slice_len} "
+        f"slices by start priority, with weights; {EP_LEN}-step episodes, distinct priorities",
+        f"uniform slice starts on plain tensors: randint(#episodes) + randint(offset) + "
+        f"arange({slice_len})",
+    )
+    times: dict[int, tuple[float, float]] = {}
+    for n in sizes:
+        times[n] = _prioritized_slices_at(n, cfg, rep)  # the buffer is freed on return
+        free()
+    small, large = min(times), max(times)
+    (t_small, f_small), (t_large, f_large) = times[small], times[large]
+    rep.value(
+        f"draw time at N={_size(large)} / at N={_size(small)}",
+        t_large / t_small,
+        1.5,
+        text=f"{t_large * 1e6:.1f} us / {t_small * 1e6:.1f} us",
+    )
+    rep.value(
+        f"ratio to floor at N={_size(large)} / at N={_size(small)}",
+        (t_large / f_large) / (t_small / f_small),
+        1.5,
+        text=f"{t_large / f_large:.2f}x / {t_small / f_small:.2f}x",
+    )
+    if large != FULL_SIZES[-1]:
+        rep.note(f"N={_size(FULL_SIZES[-1])} skipped in --quick")
+
+
+WORKLOADS: list[Callable[[Config, Report], None]] = [
+    bench_prioritized,
+    bench_slices,
+    bench_prioritized_slices,
+]
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,398 @@
+"""``PrioritizedSliceSampler``: slices whose start is drawn in proportion to its priority.
+
+:class:`~rbdata.samplers.SliceSampler`'s episode index plus :class:`PrioritizedSampler`'s tree
+backend (:mod:`rbdata.samplers._trees`), one leaf per slot: the value of the slot's start
+priority at a valid start, else 0. A write re-derives validity (:mod:`._slice_starts`) only
+for the times it can change (the new steps, the ``slice_len - 1`` before them, the ring's new
+head); a draw is one tree walk per slice. The backend stores values (its ``alpha`` is 1, its
+``eps`` 0); this module applies the sampler's exponent and offset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sized
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata.samplers import _prioritized_checks as _checks
+from rbdata.samplers import _slice_priorities, _slice_starts
+from rbdata.samplers._priority_input import check_exponent, device_index_and_priority
+from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees.backend import TreeSpec
+from rbdata.samplers._trees.cpu import CpuTrees
+from rbdata.samplers.base import check_bool
+from rbdata.samplers.prioritized import _make_trees
+from rbdata.samplers.slice import SliceSampler
+
+__all__ = ["PrioritizedSliceSampler"]
+
+
+class PrioritizedSliceSampler(SliceSampler):
+    """Slices of ``slice_len`` steps whose start slot is drawn in proportion to its priority.
+
+    **Priorities.** Each storage slot has a *start priority* ``p``: the priority of the slice
+    that starts there. A valid start (its ``slice_len`` steps retained and in one episode;
+    with ``strict_length=False`` also the first step of a shorter episode) is drawn with
+    probability ``P(s) = v_s / sum_j v_j``, ``v_s = (p_s + eps) ** alpha``, the sum over valid
+    starts; every other slot has no mass and is never drawn, also right after writes that end
+    or extend an episode and after the ring overwrites old steps. New steps get the highest
+    priority seen so far (or ``default_priority``).
+
+    **Weights.** Each slice carries ``w = (N * P(s)) ** -beta / max_j (N * P(j)) ** -beta``,
+    ``N`` the number of valid starts with a positive value (it cancels: ``w = (v_s / v_min)
+    ** -beta``, ``v_min`` the smallest positive value), repeated on the slice's items as
+    ``"weight"``.
+
+    **Updates.** ``update_priority(batch["index"], p)`` takes the flat items of whole slices,
+    as a draw returns them (``num_slices * slice_len``, or with ``num_slices`` a multiple of
+    it), and one priority per item: each slice's start priority becomes the **largest**
+    priority of its real items (padding, which repeats the slice's last slot, is left out); of
+    two slices with the same start, the last wins. A bad call (an index outside the filled
+    range; a NaN, infinite or negative priority) raises ``ValueError`` and changes nothing;
+    on device trees it is refused on the device and raised by a later call or by
+    :meth:`check_errors`, as for :class:`~rbdata.samplers.PrioritizedSampler`.
+
+    Args:
+        capacity: number of slots (at least the storage's capacity).
+        alpha: prioritization exponent (0: uniform over valid starts).
+        beta: importance-sampling exponent (0: no correction).
+        data_source: the storage (``None``: bound by the buffer).
+        slice_len: steps per slice.
+        num_slices: slices per batch (the slice length then comes from the batch size; the
+            tree's valid starts are rebuilt, once, when it changes).
+        end_key: key of the per-step end flag.
+        traj_key: key of a per-step episode id, used instead of ``end_key`` when given.
+        strict_length: skip episodes shorter than ``slice_len`` (else: whole, padded, with
+            ``"mask"``).
+        eps: added to every priority before ``alpha``.
+        device: where the trees live; ``None`` follows the storage.
+        generator: random generator (``None``: a private one seeded from torch's global RNG).
+        stratified: one draw per equal-mass segment of the total.
+        default_priority: priority of new steps (``None``: the highest seen so far).
+        max_priority: the initial "highest priority seen so far".
+        dtype: the trees' dtype (``float32`` or ``float64``).
+
+    Examples:
+        >>> import torch
+        >>> from rbdata import ReplayBuffer, TensorStorage
+        >>> sampler = PrioritizedSliceSampler(100, alpha=1.0, beta=0.5, slice_len=3, eps=0.0)
+        >>> rb = ReplayBuffer(TensorStorage(100), sampler=sampler)
+        >>> done = torch.zeros(10, 1, dtype=torch.bool)
+        >>> done[4] = done[9] = True  # two episodes of 5 steps: starts 0-2 and 5-7
+        >>> _ = rb.extend({"t": torch.arange(10), "next": {"done": done}})
+        >>> batch = rb.sample(6)  # two slices
+        >>> rb.update_priority(batch["index"], torch.zeros(6))  # those starts: never again
+        >>> rb.update_priority([6, 7, 8], [0.5, 2.0, 1.0])  # start 6 gets 2.0
+        >>> sampler.priorities([6]).tolist()
+        [2.0]
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        alpha: float,
+        beta: float,
+        *,
+        data_source: Sized | None = None,
+        slice_len: int | None = None,
+        num_slices: int | None = None,
+        end_key: str | tuple[str, ...] = ("next", "done"),
+        traj_key: str | tuple[str, ...] | None = None,
+        strict_length: bool = True,
+        eps: float = 1e-8,
+        device: torch.device | str | None = None,
+        generator: torch.Generator | None = None,
+        stratified: bool = False,
+        default_priority: float | None = None,
+        max_priority: float = 1.0,
+        dtype: torch.dtype = torch.float32,
+    ) -> None:
+        self._spec = _checks.tree_spec(capacity, alpha, eps, dtype)
+        self.capacity = self._spec.capacity
+        self.beta = check_exponent(beta, "beta")
+        self.stratified = check_bool(stratified, "stratified")
+        self.default_priority, self._initial_max = _checks.priority_options(
+            self._spec, default_priority, max_priority
+        )
+        self._device_arg = None if device is None else str(torch.device(device))
+        self.device = _checks.tree_device(device, data_source)
+        self._own_generator = generator is None
+        #: the backend stores values: no exponent, no offset (applied here)
+        self._values_spec = TreeSpec(self.capacity, 1.0, 0.0, self._spec.dtype)
+        self._trees = _make_trees(self._values_spec, self.device, 0.0)
+        self._span = np.zeros(self.capacity, np.int32)  # per slot: real steps, 0: no start
+        self._span_t = self._span_view()
+        self._prio = torch.zeros(self.capacity, dtype=torch.float64, device=self.device)
+        self._max_p = torch.full((), self._initial_max, dtype=torch.float64, device=self.device)
+        self._count = 0  # valid starts for _mask_len
+        self._mask_len: int | None = None  # the slice length the tree's masses are for
+        super().__init__(
+            slice_len=slice_len,
+            num_slices=num_slices,
+            end_key=end_key,
+            traj_key=traj_key,
+            strict_length=strict_length,
+            data_source=data_source,
+            generator=generator,
+        )
+        self._match_generator()
+        if data_source is not None:
+            self.check_source(data_source)
+
+    @property
+    def alpha(self) -> float:
+        """The prioritization exponent."""
+        return self._spec.alpha
+
+    @property
+    def eps(self) -> float:
+        """Added to every priority before ``alpha``."""
+        return self._spec.eps
+
+    # --- placement ----------------------------------------------------------------------
+    def _span_view(self) -> torch.Tensor:
+        """The spans where the trees are: a view of the host table on CPU, else a copy."""
+        span = torch.from_numpy(self._span)
+        return span if self.device.type == "cpu" else span.to(self.device)
+
+    def _match_generator(self) -> None:
+        gen = self.generator
+        if self._own_generator and gen.device.type != self.device.type:
+            self.generator = torch.Generator(device=self.device).manual_seed(gen.initial_seed())
+
+    def _place(self, device: torch.device) -> None:
+        if device == self.device:
+            return
+        old = self._trees
+        old.check_errors()
+        trees = (old.sum_tree.to(device), old.min_tree.to(device))
+        self._trees = _make_trees(self._values_spec, device, 0.0, trees)
+        self._prio, self._max_p, self.device = self._prio.to(device), self._max_p.to(device), device
+        self._span_t = self._span_view()
+        self._match_generator()
+
+    def check_source(self, storage: Sized) -> None:
+        """Raise ``ValueError`` if ``storage`` can hold more items than the sampler has slots."""
+        _checks.check_source_size(storage, self.capacity, "PrioritizedSliceSampler")
+
+    def attach(self, storage: Sized) -> None:
+        """Bind to a storage (trees follow its device when ``device=None``); index its steps."""
+        self.check_source(storage)
+        if self.data_source is None or self.data_source is storage:
+            arg = None if self._device_arg is None else self.device
+            self._place(_checks.tree_device(arg, storage))
+        super().attach(storage)
+
+    # --- the masses ---------------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget every episode and priority."""
+        super().reset()
+        self._trees.reset(0.0)
+        self._span[:] = 0
+        self._span_t = self._span_view()
+        self._prio.zero_()
+        self._max_p = torch.full((), self._initial_max, dtype=torch.float64, device=self.device)
+        self._count, self._mask_len = 0, self.slice_len
+
+    def _filled(self) -> int:
+        source = self.data_source
+        return self.capacity if source is None else min(len(source), self.capacity)
+
+    def _refresh(self, times: np.ndarray) -> None:
+        """Re-derive the spans and masses of the slots of ``times`` (host episode index)."""
+        length = self._mask_len
+        assert length is not None and self._base is not None
+        capacity = self._capacity
+        spans = _slice_starts.spans(
+            self._ends, self._time, capacity, length, self.strict_length, times
+        )
+        slots_np = (self._base + times) % capacity
+        self._count += int(np.count_nonzero(spans)) - int(np.count_nonzero(self._span[slots_np]))
+        self._span[slots_np] = spans
+        slots, span = torch.from_numpy(slots_np), torch.from_numpy(spans)
+        if self.device.type != "cpu":
+            slots = slots.to(self.device, non_blocking=True)
+            span = span.to(self.device, non_blocking=True)
+            self._span_t[slots] = span
+        values = _slice_priorities.values_of(self._prio[slots], self._spec)
+        self._trees.set(slots, torch.where(span > 0, values, 0.0), self._filled())
+
+    def _ensure(self, length: int) -> None:
+        """Make the tree's masses those of slices of ``length`` steps (a full rebuild)."""
+        if self._mask_len == length:
+            return
+        self._span[:] = 0
+        self._count = 0
+        if self._base is not None:
+            times, spans = _slice_starts.all_spans(
+                self._ends, self._time, self._capacity, length, self.strict_length
+            )
+            self._span[(self._base + times) % self._capacity] = spans
+            self._count = int(np.count_nonzero(spans))
+        self._span_t = self._span_view()
+        leaves = torch.where(
+            self._span_t > 0, _slice_priorities.values_of(self._prio, self._spec), 0.0
+        )
+        new_sum, new_min = _slice_priorities.trees_of(leaves, self._spec)
+        self._trees.load(new_sum, new_min, 0.0)
+        self._mask_len = length
+
+    def check_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Refuse a write that breaks the time order, lacks the episode key, or overflows."""
+        super().check_write(index, data)
+        if isinstance(self._trees, CpuTrees):  # device trees check it on the device
+            p = self.default_priority
+            value = self._spec.value(float(self._max_p) if p is None else p)
+            self._trees.check_new(index, value)
+
+    def on_write(self, index: int | torch.Tensor, data: Any) -> None:
+        """Index the new steps, give them the default priority and re-derive the masses."""
+        old_time = self._time
+        super().on_write(index, data)
+        time = self._time
+        if time == old_time:
+            return
+        assert self._base is not None
+        capacity = self._capacity
+        new = np.arange(max(old_time, time - capacity), time, dtype=np.int64)
+        slots = torch.from_numpy((self._base + new) % capacity).to(self.device, non_blocking=True)
+        p = self.default_priority
+        self._prio.index_fill_(0, slots, self._max_p if p is None else p)
+        if self._mask_len is not None:
+            self._refresh(_slice_starts.refresh_window(old_time, time, capacity, self._mask_len))
+
+    # --- priorities ---------------------------------------------------------------------
+    @property
+    def max_priority(self) -> float:
+        """The highest priority seen so far (reading it waits for a CUDA device)."""
+        return float(self._max_p)
+
+    def total(self) -> float:
+        """The sum of the masses of the valid starts (on CUDA: waits for the GPU)."""
+        return self._trees.total()
+
+    def min(self) -> float:
+        """The smallest positive mass, ``inf`` if none (on CUDA: waits for the GPU)."""
+        return self._trees.min()
+
+    def priorities(self, index: Any = None) -> torch.Tensor:
+        """The start priorities at ``index`` (default: every slot), valid starts or not."""
+        return self._prio.clone() if index is None else self._prio[torch.as_tensor(index)]
+
+    def priority_values(self, index: Any = None) -> torch.Tensor:
+        """The tree's masses at ``index``: ``(p + eps) ** alpha`` at valid starts, else 0."""
+        self._trees.apply_pending()
+        leaf0 = _sumtree.leaf_offset(self._trees.sum_tree)
+        leaves = self._trees.sum_tree[leaf0 : leaf0 + self.capacity]
+        return leaves.clone() if index is None else leaves[torch.as_tensor(index)]
+
+    def check_errors(self) -> None:
+        """Raise the error of a call refused on the device (see ``PrioritizedSampler``)."""
+        self._trees.check_errors()
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Set the start priorities of the slices whose flat items are ``index`` (class doc)."""
+        idx, prio = device_index_and_priority(index, priority, self.device)
+        n = idx.shape[0]
+        if n == 0:
+            return
+        per = self.slice_len or self.num_slices
+        assert per is not None
+        if n % per:
+            what = "slice_len" if self.slice_len else "num_slices"
+            raise ValueError(
+                f"index: {n} items are not whole slices ({what} {per}); update_priority "
+                "takes the flat items of drawn slices"
+            )
+        length = self.slice_len or n // per
+        self._ensure(length)
+        filled = self._filled()
+        items, p = idx.view(-1, length), prio.double().view(-1, length)
+        self._max_p = _slice_priorities.apply(
+            self._trees, self._spec, self._prio, self._max_p, self._span_t, items, p, filled
+        )
+
+    # --- sampling -----------------------------------------------------------------------
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Draw ``num_slices`` slices by start priority: flat items, ``"weight"`` per item."""
+        num_slices, length = self._shape(batch_size)
+        self._length()  # bound and non-empty
+        self._ensure(length)
+        if not self._count:
+            raise ValueError(
+                f"PrioritizedSliceSampler: no episode in the buffer has {length} steps "
+                "(use strict_length=False to sample shorter ones)"
+            )
+        starts, weight = self._trees.draw(num_slices, self.generator, self.beta, self.stratified)
+        steps = torch.arange(length, device=starts.device)
+        extras = {"slice": self._slice_ids(num_slices, length).to(starts.device)}
+        if self.strict_length:
+            offset = steps.expand(num_slices, length)
+        else:
+            span = self._span_t[starts].long().unsqueeze(1)
+            offset = torch.minimum(steps, span - 1)
+            extras["mask"] = (steps < span).reshape(-1)
+        index = (starts.unsqueeze(1) + offset).remainder_(self._capacity).reshape(-1)
+        extras["weight"] = weight.repeat_interleave(length)
+        return index, extras
+
+    # --- state --------------------------------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        """The trees travel as tensors; the backend and the span view are rebuilt on arrival."""
+        trees, span = self._trees, self._span_t
+        trees.apply_pending()
+        del self.__dict__["_trees"], self.__dict__["_span_t"]
+        try:
+            self.__dict__.update(_sum=trees.sum_tree, _min=trees.min_tree)
+            return super().__getstate__()
+        finally:
+            self.__dict__.pop("_sum"), self.__dict__.pop("_min")
+            self._trees, self._span_t = trees, span
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        super().__setstate__(state)
+        trees = self.__dict__.pop("_sum"), self.__dict__.pop("_min")
+        trees = trees[0].to(self.device), trees[1].to(self.device)
+        self._trees = _make_trees(self._values_spec, self.device, 0.0, trees)
+        self._span_t = self._span_view()
+
+    def config(self) -> dict[str, Any]:
+        """The slice options, capacity, exponents, device and the other tree options."""
+        return {
+            **super().config(),
+            "capacity": self.capacity,
+            "alpha": self.alpha,
+            "beta": self.beta,
+            "eps": self.eps,
+            "device": self._device_arg,
+            "stratified": self.stratified,
+            "default_priority": self.default_priority,
+            "max_priority": self._initial_max,
+            "dtype": self._spec.dtype,
+        }
+
+    def state_dict(self) -> dict[str, Any]:
+        """The episode index, the generator, every slot's start priority and the highest."""
+        state = super().state_dict()
+        state.update(
+            capacity=self.capacity,
+            priority=self._prio.cpu().clone(),
+            max_priority=float(self._max_p),
+        )
+        return state
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` (checked before anything changes)."""
+        prio, max_p = _slice_priorities.checked_state(state, self._spec)
+        gen = _checks.generator_of_state(state["generator"], self.generator, self.device)
+        own = state if gen is None else {**state, "generator": self.generator.get_state()}
+        super().load_state_dict(own)  # the episode index, checked; the generator
+        if gen is not None:
+            self.generator = gen
+        self._prio.copy_(prio)
+        self._max_p = torch.full((), max_p, dtype=torch.float64, device=self.device)
+        self._mask_len = None  # masses rebuilt at the next draw or update
+        if self.slice_len is not None and self.data_source is not None:
+            self._ensure(self.slice_len)
