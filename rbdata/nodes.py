@@ -43,56 +43,28 @@ import threading
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torchdata.nodes import BaseNode
 
 from rbdata._index import IndexBatch
 from rbdata._shown import shown
 from rbdata.buffer import ReplayBuffer
-from rbdata.mixed import MixedBuffer, MixedSampler
+from rbdata.mixed import MixedBuffer
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
-from rbdata.samplers.prioritized import PrioritizedSampler
-from rbdata.samplers.slice import SliceSampler
 from rbdata.storages.base import Storage
 
 __all__ = ["BufferSource"]
-
-#: samplers whose state_dict also holds the buffer's data (priorities, episode index): a
-#: pipeline saves and restores only their generator (an epoch sampler's whole state: its
-#: epoch decides the next draws)
-_DATA_STATE_SAMPLERS = (PrioritizedSampler, SliceSampler)
-
-
-def _data_state(sampler: Sampler) -> bool:
-    return isinstance(sampler, _DATA_STATE_SAMPLERS) and not sampler.epoch_based
-
 
 _STATE_KEYS = ("sampler", "batch_size", "num_yielded", "started", "sampler_state")
 
 
 def _draw_state(sampler: Sampler) -> dict[str, Any]:
     """The part of ``sampler``'s state that decides its next draws (see the module doc)."""
-    if isinstance(sampler, MixedSampler):  # the weights and each source's draw state
-        return sampler.draw_state(_draw_state)
-    if _data_state(sampler):
-        return {"generator": sampler.generator.get_state()}
-    return sampler.state_dict()
+    return sampler.draw_state()
 
 
 def _load_draw_state(sampler: Sampler, state: dict[str, Any]) -> None:
     """Restore a :func:`_draw_state` (the sampler checks it before changing anything)."""
-    if isinstance(sampler, MixedSampler):
-        sampler.load_draw_state(state, _load_draw_state, _draw_state)
-    elif _data_state(sampler):
-        generator = state["generator"]
-        if not isinstance(generator, torch.Tensor) or generator.dtype != torch.uint8:
-            raise ValueError(
-                "initial_state['sampler_state']['generator']: expected a uint8 tensor (a "
-                f"generator state), got {type(generator).__name__}"
-            )
-        sampler.generator.set_state(generator)
-    else:
-        sampler.load_state_dict(state)
+    sampler.load_draw_state(state)
 
 
 class _StorageReader:

@@ -196,3 +196,56 @@ def test_checkpoint_round_trip_continues_the_epoch(tmp_path: Any) -> None:
     assert isinstance(loaded.sampler, SliceSamplerWithoutReplacement)
     got = [loaded.sampler.draw(4)[0] for _ in range(3)]
     assert all(torch.equal(a, b) for a, b in zip(expected, got, strict=True))
+
+
+def test_pipeline_state_is_the_epoch_not_the_episode_index() -> None:
+    """A nodes pipeline saves the draw state (generator, epoch); its restore keeps the data.
+
+    After a restore, the writes made since the save are still indexed (later writes are
+    accepted in time order, and slices never cross their episode ends), and the resumed epoch
+    is the saved one.
+    """
+    from rbdata.nodes import BufferSource
+
+    sampler = SliceSamplerWithoutReplacement(slice_len=2, generator=torch.Generator())
+    rb = ReplayBuffer(TensorStorage(200), sampler=sampler)
+    rb.extend(episodes([6, 5, 7]))
+    source = BufferSource(rb, batch_size=4)
+    source.reset()
+    [source.next() for _ in range(2)]
+    state = source.get_state()
+    assert set(state["sampler_state"]) == {"generator", "epoch", "pos", "epoch_len", "fresh"}
+    rest = []
+    try:
+        while True:
+            rest.append(source.next()["t"])
+    except StopIteration:
+        pass
+    ends_before = sampler.state_dict()["ends"].clone()
+    rb.extend(episodes([4, 5], start_time=18, first_episode=3))  # written after the save
+    ends_after = sampler.state_dict()["ends"].clone()
+    assert ends_after.numel() == ends_before.numel() + 2
+    source.reset(state)
+    assert torch.equal(sampler.state_dict()["ends"], ends_after)  # not rolled back
+    resumed = []
+    try:
+        while True:
+            resumed.append(source.next()["t"])
+    except StopIteration:
+        pass
+    assert len(resumed) == len(rest) > 0  # the saved epoch: the starts known at the save
+    assert all(torch.equal(a, b) for a, b in zip(rest, resumed, strict=True))
+    rb.extend(episodes([3], start_time=27, first_episode=5))  # still accepted in time order
+    source.reset()  # the next epoch holds every start, the new episodes' included
+    starts = torch.cat([b["t"].view(-1, 2)[:, 0] for b in _drain(source)]).tolist()
+    episode_of = rb.storage[torch.arange(len(rb))]["episode"].tolist()  # t == slot here
+    assert sorted(starts) == sorted(brute_spans(episode_of, 200, 2, True))  # each start once
+
+
+def _drain(source: Any) -> list[Any]:
+    out = []
+    try:
+        while True:
+            out.append(source.next())
+    except StopIteration:
+        return out

@@ -155,24 +155,28 @@ class MixedSampler(Sampler):
         return sum(len(s) for s in self.sources)
 
     # --- pipeline state (rbdata.nodes) ------------------------------------------------------
-    def draw_state(self, rule: Callable[[Sampler], Any]) -> dict[str, Any]:
-        """The weights and ``rule(sampler)`` of each source's sampler (for implementers).
+    def draw_state(self) -> dict[str, Any]:
+        """The weights and each source sampler's :meth:`~rbdata.samplers.Sampler.draw_state`.
 
-        :class:`~rbdata.nodes.BufferSource` passes its rule: a pipeline saves what decides
-        the next draws, not the buffers' data (priorities, episode index).
+        What :class:`~rbdata.nodes.BufferSource` saves: what decides the next draws, not the
+        buffers' data (priorities, episode index).
         """
+        return self._states(_draw)
+
+    def load_draw_state(self, state: Any) -> None:
+        """Restore a :meth:`draw_state`: all of it, or nothing (``ValueError`` says why)."""
+        self._load(state, _load_draw, _draw)
+
+    def _states(self, rule: Callable[[Sampler], Any]) -> dict[str, Any]:
         return {
             "weights": self.weights,
             "samplers": {s.name: rule(s.sampler) for s in self.sources},
         }
 
-    def load_draw_state(
-        self,
-        state: Any,
-        load: Callable[[Sampler, Any], None],
-        rule: Callable[[Sampler], Any],
+    def _load(
+        self, state: Any, load: Callable[[Sampler, Any], None], rule: Callable[[Sampler], Any]
     ) -> None:
-        """Restore a :meth:`draw_state` with ``load``; all of it or nothing (``ValueError``)."""
+        """Restore the states with ``load``; on a refusal, the loaded ones go back (``rule``)."""
         weights, states = self._check_state(state)
         saved = [rule(s.sampler) for s in self.sources]
         done = 0
@@ -191,14 +195,11 @@ class MixedSampler(Sampler):
     # --- state -----------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
         """The weights and every source sampler's :meth:`state_dict`, by source name."""
-        return {
-            "weights": self.weights,
-            "samplers": {s.name: s.sampler.state_dict() for s in self.sources},
-        }
+        return self._states(_full)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`: all of it, or nothing (``ValueError`` says why)."""
-        self.load_draw_state(state, _load_full, _full)
+        self._load(state, _load_full, _full)
 
     def _check_state(self, state: Any) -> tuple[dict[str, float], dict[str, Any]]:
         if not isinstance(state, Mapping) or set(state) != {"weights", "samplers"}:
@@ -222,3 +223,11 @@ def _full(sampler: Sampler) -> Any:
 
 def _load_full(sampler: Sampler, state: Any) -> None:
     sampler.load_state_dict(state)
+
+
+def _draw(sampler: Sampler) -> Any:
+    return sampler.draw_state()
+
+
+def _load_draw(sampler: Sampler, state: Any) -> None:
+    sampler.load_draw_state(state)

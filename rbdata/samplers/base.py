@@ -175,7 +175,7 @@ class Sampler(TorchSampler[int]):
     (an :attr:`epoch_based` sampler's iteration ends there; the others' is ended by a count
     of batches). The defaults suit samplers with replacement: no epoch, never over.
     :meth:`describe_state` adds summary values to ``rbdata inspect``'s view of a saved
-    :meth:`state_dict`, read without loading it.
+    :meth:`state_dict`; :meth:`draw_state` is what a pipeline saves (the buffer's data aside).
 
     Args:
         data_source: the storage (anything with ``__len__``) to sample from; ``None`` lets a
@@ -317,6 +317,14 @@ class Sampler(TorchSampler[int]):
         """Restore a state from :meth:`state_dict`."""
         self.generator.set_state(state["generator"])
         self._restored = True
+
+    def draw_state(self) -> dict[str, Any]:
+        """What decides the next draws, the buffer's data (priorities, episodes) left out."""
+        return self.state_dict()
+
+    def load_draw_state(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`draw_state` (checked before anything changes)."""
+        self.load_state_dict(state)
 
     @classmethod
     def describe_state(

@@ -15,6 +15,7 @@ import torch
 
 from rbdata._torchrl_names import PRIORITIZED_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _prioritized_checks as _checks
+from rbdata.samplers._draw_state import GeneratorDrawState
 from rbdata.samplers._priority_input import capacity_and_source, check_exponent
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, restored_trees
@@ -24,9 +25,8 @@ from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["PrioritizedSampler"]
 
-#: Run the device path (device trees: priorities checked on the device, errors reported at a
-#: later call, new items queued) on CPU trees too: the code that runs on CUDA, testable
-#: without a GPU. Read when a sampler places its trees (construction, attach, unpickling).
+#: Run the device path (device trees: checks on the device, errors reported later, new items
+#: queued) on CPU too: testable without a GPU. Read when a sampler places its trees.
 _DEVICE_PATH_ON_CPU = False
 #: the kernels of device trees: ``None`` (Triton where it can run, else torch), ``"triton"``
 #: or ``"torch"``; read like :data:`_DEVICE_PATH_ON_CPU` (tests compare the two)
@@ -46,7 +46,7 @@ def _make_trees(
     return DeviceTrees(spec, device, max_priority, _DEVICE_KERNELS, sum_tree, min_tree)
 
 
-class PrioritizedSampler(Sampler):
+class PrioritizedSampler(GeneratorDrawState, Sampler):
     """Sample item ``i`` with probability ``P(i) = v_i / sum_j v_j``, ``v_i = (p_i + eps)^alpha``.
 
     Importance weights are ``w_i = (N P(i))^-beta / max_j w_j`` over the items in the buffer,

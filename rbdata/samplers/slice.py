@@ -27,6 +27,7 @@ from rbdata._layout_values import stack_items
 from rbdata._shown import shown
 from rbdata._torchrl_names import SLICE_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _slices
+from rbdata.samplers._draw_state import GeneratorDrawState
 from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["SliceSampler"]
@@ -36,7 +37,7 @@ def _as_key(key: str | tuple[str, ...]) -> Key:
     return (key,) if isinstance(key, str) else tuple(key)
 
 
-class SliceSampler(Sampler):
+class SliceSampler(GeneratorDrawState, Sampler):
     """Sample ``num_slices`` slices of ``slice_len`` consecutive steps of one episode each.
 
     Give exactly one of ``slice_len`` / ``num_slices``; the other is derived from the batch

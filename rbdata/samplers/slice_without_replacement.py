@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from rbdata.samplers import _slice_starts
+from rbdata.samplers._draw_state import check_generator_state
 from rbdata.samplers.base import check_bool
 from rbdata.samplers.slice import SliceSampler
 
@@ -196,8 +197,29 @@ class SliceSamplerWithoutReplacement(SliceSampler):
         state.update(epoch=epoch, pos=self._pos, epoch_len=self._epoch_len, fresh=self._fresh)
         return state
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore a state from :meth:`state_dict` (checked before anything changes)."""
+    def draw_state(self) -> dict[str, Any]:
+        """The generator and the epoch (start times, position): not the episode index."""
+        epoch = None if self._epoch is None else self._epoch.clone()
+        return {
+            "generator": self.generator.get_state(),
+            "epoch": epoch,
+            "pos": self._pos,
+            "epoch_len": self._epoch_len,
+            "fresh": self._fresh,
+        }
+
+    def load_draw_state(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`draw_state` over this sampler's episode index (checked first)."""
+        generator = check_generator_state(state)
+        try:
+            epoch, pos, length, fresh = self._check_epoch({**state, "time": self._time})
+        except (KeyError, TypeError) as err:  # a missing or mistyped entry
+            raise ValueError(f"draw state: {type(err).__name__}: {err}") from err
+        self.generator.set_state(generator)
+        self._epoch, self._pos, self._epoch_len, self._fresh = epoch, pos, length, fresh
+
+    def _check_epoch(self, state: dict[str, Any]) -> tuple[Any, int, Any, bool]:
+        """The epoch entries of a state, checked against its ``"time"`` (``ValueError``)."""
         epoch, pos, length = state["epoch"], int(state["pos"]), state["epoch_len"]
         fresh = check_bool(state["fresh"], "state: fresh")
         if epoch is not None:
@@ -217,5 +239,10 @@ class SliceSamplerWithoutReplacement(SliceSampler):
             epoch = epoch.clone()
         if length is not None and (not isinstance(length, int) or length <= 0):
             raise ValueError(f"state: epoch_len must be a positive integer, got {length!r}")
+        return epoch, pos, length, fresh
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a state from :meth:`state_dict` (checked before anything changes)."""
+        epoch, pos, length, fresh = self._check_epoch(state)
         super().load_state_dict(state)
         self._epoch, self._pos, self._epoch_len, self._fresh = epoch, pos, length, fresh
