@@ -215,24 +215,14 @@ def test_pipeline_state_is_the_epoch_not_the_episode_index() -> None:
     [source.next() for _ in range(2)]
     state = source.get_state()
     assert set(state["sampler_state"]) == {"generator", "epoch", "pos", "epoch_len", "fresh"}
-    rest = []
-    try:
-        while True:
-            rest.append(source.next()["t"])
-    except StopIteration:
-        pass
+    rest = [b["t"] for b in _drain(source)]
     ends_before = sampler.state_dict()["ends"].clone()
     rb.extend(episodes([4, 5], start_time=18, first_episode=3))  # written after the save
     ends_after = sampler.state_dict()["ends"].clone()
     assert ends_after.numel() == ends_before.numel() + 2
     source.reset(state)
     assert torch.equal(sampler.state_dict()["ends"], ends_after)  # not rolled back
-    resumed = []
-    try:
-        while True:
-            resumed.append(source.next()["t"])
-    except StopIteration:
-        pass
+    resumed = [b["t"] for b in _drain(source)]
     assert len(resumed) == len(rest) > 0  # the saved epoch: the starts known at the save
     assert all(torch.equal(a, b) for a, b in zip(rest, resumed, strict=True))
     rb.extend(episodes([3], start_time=27, first_episode=5))  # still accepted in time order
