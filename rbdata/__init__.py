@@ -5,7 +5,7 @@ Storages are map-style :class:`torch.utils.data.Dataset` s, samplers are
 composes them.
 """
 
-from rbdata import errors, samplers, storages, writers
+from rbdata import errors, samplers, storages, transforms, writers
 from rbdata.buffer import ReplayBuffer
 from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
 from rbdata.samplers import (
@@ -16,6 +16,7 @@ from rbdata.samplers import (
     UniformSampler,
 )
 from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
+from rbdata.transforms import HindsightRelabel
 from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
@@ -23,6 +24,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSampler",
     "EmptyBufferError",
+    "HindsightRelabel",
     "ImmutableWriter",
     "ArrowStorage",
     "ListStorage",
@@ -41,5 +43,6 @@ __all__ = [
     "errors",
     "samplers",
     "storages",
+    "transforms",
     "writers",
 ]
