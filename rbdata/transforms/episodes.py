@@ -212,11 +212,11 @@ class EpisodeIndex:
         ends = self.ends
         k = np.searchsorted(ends, t)  # the first end at or after t
         finished = k < ends.size
-        last = np.where(finished, ends[np.minimum(k, max(ends.size - 1, 0))], self.time - 1)
-        if not ends.size:
-            last = np.full_like(t, self.time - 1)
-        first = np.where(k > 0, ends[np.maximum(k - 1, 0)] + 1 if ends.size else 0, self.oldest)
-        first = np.maximum(first, self.oldest)
+        oldest = self.oldest
+        # ends padded with the time before the oldest step and the newest step (running)
+        padded = np.concatenate([[oldest - 1], ends, [self.time - 1]])
+        last = padded[k + 1]
+        first = np.maximum(padded[k] + 1, oldest)
         capacity, base = self.capacity, self.base
         return (
             torch.from_numpy((first + base) % capacity),
