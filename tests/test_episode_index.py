@@ -12,38 +12,7 @@ import torch
 from rbdata import ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
 from rbdata.transforms import EpisodeIndex
 from rbdata.transforms._goals import STRATEGIES, goal_slots, goal_slots_reference
-
-
-class Ring:
-    """Every step ever written, and which slot holds which step (brute force)."""
-
-    def __init__(self, capacity: int) -> None:
-        self.capacity = capacity
-        self.done: list[bool] = []
-        self.episode: list[int] = []
-        self.slot_time: dict[int, int] = {}
-
-    def write(self, done: list[bool]) -> None:
-        for d in done:
-            t = len(self.done)
-            self.episode.append(self.episode[-1] + self.done[-1] if t else 0)
-            self.done.append(d)
-            self.slot_time[t % self.capacity] = t
-
-    def held(self) -> range:
-        return range(max(0, len(self.done) - self.capacity), len(self.done))
-
-    def bounds(self, slot: int) -> tuple[int, int, bool]:
-        """(first slot, last slot, finished) of the step at ``slot``, by scanning the flags."""
-        t = self.slot_time[slot]
-        held = self.held()
-        first = t
-        while first - 1 in held and not self.done[first - 1]:
-            first -= 1
-        last = t
-        while not self.done[last] and last + 1 in held:
-            last += 1
-        return first % self.capacity, last % self.capacity, self.done[last]
+from tests._ring import Ring
 
 
 def _items(done: list[bool], start: int) -> dict:
