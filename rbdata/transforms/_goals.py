@@ -27,7 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["STRATEGIES", "goal_slots", "goal_slots_reference"]
+__all__ = ["STRATEGIES", "goal_draw", "goal_slots", "goal_slots_reference"]
 
 #: the strategies and their codes in the kernel
 STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
@@ -48,13 +48,17 @@ def _nb_goal_slots(
     geom: bool,
     log_discount: float,
     out: Any,
-    order: Any,
+    read: Any,
+    mask: Any,
 ) -> None:  # pragma: no cover
     n = slots.shape[0]
     oldest = max(0, time - capacity)
     held = time - oldest
+    order = np.empty(n, np.int64)
     for i in range(n):
         out[i] = -1
+        read[i] = slots[i]
+        mask[i] = False
         order[i] = i
     for i in range(n_relabel):  # a uniformly random subset of n_relabel items
         j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
@@ -94,7 +98,37 @@ def _nb_goal_slots(
                     g = int(np.rint(a * w + e * (1.0 - w)))
             else:
                 g = oldest + min(int(u[i, 3] * held), held - 1)
-        out[i] = (base + g) % capacity
+        out[i] = read[i] = (base + g) % capacity
+        mask[i] = True
+
+
+def goal_draw(
+    slots: np.ndarray,
+    u: np.ndarray,
+    ends: np.ndarray,
+    time: int,
+    base: int,
+    capacity: int,
+    code: int,
+    n_relabel: int,
+    goal_probs: tuple[float, float, float],
+    geom: bool,
+    log_discount: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`goal_slots` for the hot path: also the slots to read and the relabeled mask.
+
+    Returns ``(goal, read, mask)``: the goal slots (``-1``: kept), the slot to read each
+    item's goal from (its own slot where kept) and ``goal >= 0``.
+    """
+    n = slots.shape[0]
+    out = np.empty(n, np.int64)
+    read = np.empty(n, np.int64)
+    mask = np.empty(n, np.bool_)
+    _nb_goal_slots(
+        slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
+        geom, log_discount, out, read, mask,
+    )  # fmt: skip
+    return out, read, mask
 
 
 def goal_slots(
@@ -111,26 +145,11 @@ def goal_slots(
     discount: float = 0.99,
 ) -> np.ndarray:
     """The goal slot of each item (``-1``: not relabeled), in one numba pass (see the module)."""
-    out = np.empty(slots.shape[0], np.int64)
-    order = np.empty(slots.shape[0], np.int64)
     log_discount = math.log(discount) if discount > 0 else -math.inf
-    _nb_goal_slots(
-        slots,
-        u,
-        ends,
-        time,
-        base,
-        capacity,
-        STRATEGIES[strategy],
-        n_relabel,
-        goal_probs[0],
-        goal_probs[1],
-        geom,
-        log_discount,
-        out,
-        order,
-    )
-    return out
+    code = STRATEGIES[strategy]
+    return goal_draw(
+        slots, u, ends, time, base, capacity, code, n_relabel, goal_probs, geom, log_discount
+    )[0]
 
 
 def goal_slots_reference(

@@ -57,7 +57,9 @@ def read_column(storage: Any, key: Key, slots: torch.Tensor) -> torch.Tensor:
         raise KeyError(f"the storage has no key {key_name(key)} (its keys: {list(keys)})")
     if buffers is not None:
         column = buffers[keys.index(key)]  # type: ignore[union-attr]
-        return column.index_select(0, slots.to(column.device))
+        if slots.device != column.device:
+            slots = slots.to(column.device)
+        return column.index_select(0, slots)
     parts = []
     for start in range(0, slots.shape[0], _CHUNK):
         _, leaves = flatten(storage.__getitems__(slots[start : start + _CHUNK]))

@@ -14,16 +14,41 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
-from rbdata.transforms._goals import STRATEGIES, goal_slots
+from rbdata.transforms._goals import STRATEGIES, goal_draw
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
 __all__ = ["HindsightRelabel"]
 
 RewardFn = Callable[[torch.Tensor, torch.Tensor, Any], Any]
+
+
+def _get(batch: TensorDictBase, key: Key) -> Any:
+    """The entry at ``key``, or ``None`` (a plain TensorDict is walked without its checks)."""
+    if type(batch) is not TensorDict:
+        return batch.get(key, None)
+    node: Any = batch
+    for part in key:
+        if type(node) is not TensorDict:
+            return None
+        node = node._tensordict.get(part)
+    return node
+
+
+def _put(batch: TensorDictBase, key: Key, value: torch.Tensor) -> None:
+    """Set ``key`` to ``value`` (one row per item, on the batch's device: checked by the caller).
+
+    A plain TensorDict whose parent entry exists takes it without re-validation; anything
+    else goes through ``set``.
+    """
+    parent = _get(batch, key[:-1]) if len(key) > 1 else batch
+    if type(parent) is TensorDict and type(batch) is TensorDict:
+        parent._tensordict[key[-1]] = value
+    else:
+        batch.set(key, value)
 
 
 def _keys(batch: TensorDictBase) -> list[str]:
@@ -170,6 +195,9 @@ class HindsightRelabel:
         self.reward_key = as_key(reward_key, "reward_key")
         #: the key goals are read from (and the achieved goal ``reward_fn`` gets)
         self.goal_key: Key = self.achieved_key if ogbench else ("next", *self.achieved_key)
+        self._next_desired: Key = ("next", *self.desired_key)
+        self._code = STRATEGIES[strategy]
+        self._log_discount = math.log(self.discount) if self.discount > 0 else -math.inf
         if generator is None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             generator = torch.Generator().manual_seed(seed)
@@ -182,12 +210,8 @@ class HindsightRelabel:
         )
 
     # --- the draw -----------------------------------------------------------------------------
-    def goal_slots(self, index: torch.Tensor) -> torch.Tensor:
-        """The goal slot of each sampled slot in ``index`` (``-1``: not relabeled).
-
-        Draws from the generator (one ``torch.rand`` of ``(len(index), 4)`` doubles); the
-        episode index is synced with the storage first.
-        """
+    def _draw(self, index: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(goal, read, mask)`` of :func:`~rbdata.transforms._goals.goal_draw` for ``index``."""
         episodes = self.episodes
         episodes.sync()
         if episodes.time == 0:
@@ -195,20 +219,27 @@ class HindsightRelabel:
         n = int(index.shape[0])
         u = torch.rand((n, 4), generator=self.generator, dtype=torch.float64)
         slots = index.numpy() if index.device.type == "cpu" else index.cpu().numpy()
-        out = goal_slots(
+        return goal_draw(
             slots.astype(np.int64, copy=False),
             u.numpy(),
             episodes.ends,
             episodes.time,
             episodes.base,
             episodes.capacity,
-            self.strategy,
+            self._code,
             int(self.her_ratio * n),
             self.goal_probs,
             self.geom_sample,
-            self.discount,
+            self._log_discount,
         )
-        return torch.from_numpy(out)
+
+    def goal_slots(self, index: torch.Tensor) -> torch.Tensor:
+        """The goal slot of each sampled slot in ``index`` (``-1``: not relabeled).
+
+        Draws from the generator (one ``torch.rand`` of ``(len(index), 4)`` doubles); the
+        episode index is synced with the storage first.
+        """
+        return torch.from_numpy(self._draw(index)[0])
 
     def __call__(self, batch: Any) -> Any:
         """Relabel a sampled batch (a TensorDict carrying ``"index"``); return it."""
@@ -217,45 +248,49 @@ class HindsightRelabel:
                 "HindsightRelabel needs TensorDict batches (items with nested keys), got "
                 f"{type(batch).__name__}"
             )
-        index = batch.get("index", None)
+        index = _get(batch, ("index",))
         if not isinstance(index, torch.Tensor) or index.dim() != 1:
             raise KeyError(
                 "HindsightRelabel needs the batch's 'index' (the storage slot of each item): "
                 "sample through a ReplayBuffer, or add it"
             )
-        achieved = batch.get(self.goal_key, None)
+        achieved = _get(batch, self.goal_key)
         if not isinstance(achieved, torch.Tensor):
             raise KeyError(
                 f"HindsightRelabel: the batch has no achieved goal {key_name(self.goal_key)}; "
                 f"its keys: {_keys(batch)}"
             )
-        old = batch.get(self.desired_key, None)
-        if old is None and self.her_ratio < 1.0:
+        old = _get(batch, self.desired_key)
+        if not isinstance(old, torch.Tensor) and self.her_ratio < 1.0:
             raise KeyError(
                 f"HindsightRelabel: the batch has no desired goal {key_name(self.desired_key)} "
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )
-        goal_slot = self.goal_slots(index)
-        goals = read_column(self.storage, self.goal_key, goal_slot.clamp(min=0))
+        goal_np, read_np, mask_np = self._draw(index)
+        goals = read_column(self.storage, self.goal_key, torch.from_numpy(read_np))
         device = achieved.device
-        relabeled = (goal_slot >= 0).to(device)
-        goals = goals.to(device)
+        relabeled = torch.from_numpy(mask_np)
+        if device.type != "cpu":
+            goals, relabeled = goals.to(device), relabeled.to(device)
         mask = relabeled.view((-1,) + (1,) * (goals.dim() - 1))
-        if old is not None:
+        if isinstance(old, torch.Tensor):
             if old.shape != goals.shape:
                 raise ValueError(
                     f"HindsightRelabel: desired goal {key_name(self.desired_key)} has shape "
                     f"{tuple(old.shape)}, the achieved goals {tuple(goals.shape)}"
                 )
-            desired = torch.where(mask, goals.to(old.dtype), old)
+            if goals.dtype != old.dtype:
+                goals = goals.to(old.dtype)
+            desired = torch.where(mask, goals, old)
         else:
             desired = goals
-        batch.set(self.desired_key, desired)
-        next_desired = ("next", *self.desired_key)
-        old_next = batch.get(next_desired, None)
+        _put(batch, self.desired_key, desired)
+        old_next = _get(batch, self._next_desired)
         if isinstance(old_next, torch.Tensor) and old_next.shape == desired.shape:
-            batch.set(next_desired, torch.where(mask, desired.to(old_next.dtype), old_next))
-        batch.set("goal_index", goal_slot.to(device))
+            new = desired if desired.dtype == old_next.dtype else desired.to(old_next.dtype)
+            _put(batch, self._next_desired, torch.where(mask, new, old_next))
+        goal_index = torch.from_numpy(goal_np)
+        _put(batch, ("goal_index",), goal_index if device.type == "cpu" else goal_index.to(device))
         self._reward(batch, achieved, desired, relabeled)
         return batch
 
@@ -269,7 +304,8 @@ class HindsightRelabel:
         n = batch.batch_size[0]
         reward = self.reward_fn(achieved, desired, batch)
         try:
-            reward = torch.as_tensor(reward, device=relabeled.device)
+            if not isinstance(reward, torch.Tensor) or reward.device != relabeled.device:
+                reward = torch.as_tensor(reward, device=relabeled.device)
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(
                 f"reward_fn must return one reward per item (a tensor or array), got "
@@ -280,14 +316,17 @@ class HindsightRelabel:
                 f"reward_fn returned shape {tuple(reward.shape)}; expected one reward per item: "
                 f"({n},) or ({n}, 1)"
             )
-        old = batch.get(self.reward_key, None)
+        old = _get(batch, self.reward_key)
         if isinstance(old, torch.Tensor):
-            reward = reward.reshape(old.shape).to(old.dtype)
+            if reward.shape != old.shape:
+                reward = reward.reshape(old.shape)
+            if reward.dtype != old.dtype:
+                reward = reward.to(old.dtype)
             mask = relabeled.view((-1,) + (1,) * (old.dim() - 1))
             reward = torch.where(mask, reward, old)
         else:
             reward = reward.reshape(n, 1)
-        batch.set(self.reward_key, reward)
+        _put(batch, self.reward_key, reward)
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
