@@ -311,3 +311,28 @@ def test_helpful_errors() -> None:
         HindsightRelabel(store, reward_fn=fetch_reward)(torch.zeros(4))
     numpy_reward = HindsightRelabel(store, her_ratio=1.0, reward_fn=lambda a, d, i: np.zeros(4))
     assert numpy_reward(batch.clone())["next", "reward"].shape == (4, 1)
+
+
+def test_ogbench_goals_on_an_ogbench_dataset(tmp_path) -> None:
+    """OGBench's goal sampling over a converted OGBench file: goals never leave a trajectory."""
+    from rbdata.datasets import OGBench
+    from tests._ogbench_files import write_ogbench_file
+
+    file = tmp_path / "pointmaze-medium-navigate-v0.npz"
+    write_ogbench_file(file, n=400, infos=False)
+    ds = OGBench("pointmaze-medium-navigate-v0", tmp_path / "home", file=file, progress=False)
+    her = HindsightRelabel(
+        ds.storage, strategy="ogbench", her_ratio=1.0, achieved_key="observation",
+        desired_key="goal", goal_probs=(0.1, 0.9, 0.0), geom_sample=False, traj_key="episode",
+        reward_fn=lambda a, d, info: (info["goal_index"] == info["index"]).float() - 1.0,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    ds.buffer.transform = her
+    rows = ds[:]
+    for _ in range(5):
+        batch = ds.sample(128)
+        index, goal = batch["index"], batch["goal_index"]
+        assert (rows["episode"][goal] == rows["episode"][index]).all()
+        assert (goal >= index).all()
+        assert torch.equal(batch["goal"], rows["observation"][goal])
+        assert torch.equal(batch["next", "reward"].squeeze(1), (goal == index).float() - 1.0)
