@@ -46,6 +46,7 @@ demo: venv
 bench: venv
 	$(PY) tests/benchmarks/bench_foundation.py
 	$(PY) tests/benchmarks/bench_samplers.py
+	$(PY) tests/benchmarks/bench_her.py
 	$(PY) tests/benchmarks/bench_arrow.py
 	$(PY) tests/benchmarks/bench_checkpoint.py
 	$(PY) tests/benchmarks/bench_datasets.py

@@ -18,7 +18,7 @@ from rbdata import errors
 from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
-    from rbdata import samplers, storages, writers
+    from rbdata import samplers, storages, transforms, writers
     from rbdata.buffer import ReplayBuffer
     from rbdata.mixed import MixedBuffer
     from rbdata.samplers import (
@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
         UniformSampler,
     )
     from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
+    from rbdata.transforms import HindsightRelabel
     from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
@@ -38,6 +39,7 @@ __version__ = "0.1.0"
 __all__ = [
     "BatchSampler",
     "EmptyBufferError",
+    "HindsightRelabel",
     "ImmutableWriter",
     "ArrowStorage",
     "ListStorage",
@@ -59,6 +61,7 @@ __all__ = [
     "errors",
     "samplers",
     "storages",
+    "transforms",
     "writers",
 ]
 
@@ -66,6 +69,7 @@ __all__ = [
 _LAZY = {
     "ReplayBuffer": "rbdata.buffer",
     "MixedBuffer": "rbdata.mixed",
+    "HindsightRelabel": "rbdata.transforms",
     **dict.fromkeys(
         (
             "BatchSampler",
@@ -84,6 +88,7 @@ _LAZY = {
     **dict.fromkeys(("ImmutableWriter", "MaxValueWriter", "RoundRobinWriter"), "rbdata.writers"),
     "samplers": "rbdata.samplers",
     "storages": "rbdata.storages",
+    "transforms": "rbdata.transforms",
     "writers": "rbdata.writers",
 }
 

@@ -1,0 +1,213 @@
+"""Goal draws for hindsight relabeling: one numba pass over a batch, and its per-item reference.
+
+Inputs are an :class:`~rbdata.transforms.EpisodeIndex`'s tables (``ends``, ``time``, ``base``,
+``capacity``), the sampled slots and one row of uniforms in ``[0, 1)`` per item (columns:
+0 picks the relabeled items, 1 the goal step, 2 and 3 OGBench's choice and its draw). The
+output is the slot of each item's goal step (``-1``: not relabeled).
+
+Goal steps (``t`` the item's time, ``[s, e]`` its episode's held steps, ``u`` a uniform):
+
+- ``future``: ``t + floor(u * (e - t + 1))``, uniform over ``[t, e]`` (SB3's, inclusive);
+- ``final``: ``e``;
+- ``episode``: ``s + floor(u * (e - s + 1))``, uniform over ``[s, e]``;
+- ``ogbench``: ``t`` with probability ``p_cur``, a later step of the episode with
+  ``p_traj``, a step drawn uniformly from the whole storage otherwise. The later step is
+  ``min(t + k, e)`` with ``k`` geometric on ``1, 2, ...`` of parameter ``1 - discount``
+  (``geom``), or else OGBench's ``round(a * v + e * (1 - v))`` with ``a = min(t + 1, e)``.
+
+Exactly ``n_relabel`` items are relabeled, a uniformly random subset (a partial Fisher-Yates
+shuffle driven by column 0).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numba
+import numpy as np
+
+__all__ = ["STRATEGIES", "goal_draw", "goal_slots", "goal_slots_reference"]
+
+#: the strategies and their codes in the kernel
+STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_goal_slots(
+    slots: Any,
+    u: Any,
+    ends: Any,
+    time: int,
+    base: int,
+    capacity: int,
+    code: int,
+    n_relabel: int,
+    p_cur: float,
+    p_traj: float,
+    geom: bool,
+    log_discount: float,
+    out: Any,
+    read: Any,
+    mask: Any,
+) -> None:  # pragma: no cover
+    n = slots.shape[0]
+    oldest = max(0, time - capacity)
+    held = time - oldest
+    order = np.empty(n, np.int64)
+    for i in range(n):
+        out[i] = -1
+        read[i] = slots[i]
+        mask[i] = False
+        order[i] = i
+    for i in range(n_relabel):  # a uniformly random subset of n_relabel items
+        j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
+        order[i], order[j] = order[j], order[i]
+    nends = ends.shape[0]
+    for r in range(n_relabel):
+        i = order[r]
+        t = oldest + (slots[i] - base - oldest) % capacity
+        k = np.searchsorted(ends, t)  # the first end at or after t
+        e = ends[k] if k < nends else time - 1
+        s = ends[k - 1] + 1 if k > 0 else oldest
+        if s < oldest:
+            s = oldest
+        v = u[i, 1]
+        if code == 0:
+            g = t + min(int(v * (e - t + 1)), e - t)
+        elif code == 1:
+            g = e
+        elif code == 2:
+            g = s + min(int(v * (e - s + 1)), e - s)
+        else:
+            w = u[i, 2]
+            if v < p_cur:
+                g = t
+            elif v < p_cur + p_traj:
+                if geom:
+                    # k >= 1 with P(k > m) = discount ** m: 1 + floor(log(1 - w) / log(discount))
+                    g = e
+                    if log_discount < 0.0:
+                        steps = math.log1p(-w) / log_discount
+                        if steps < e - t - 1:
+                            g = t + 1 + int(steps)
+                    if g > e:
+                        g = e
+                else:
+                    a = min(t + 1, e)
+                    g = int(np.rint(a * w + e * (1.0 - w)))
+            else:
+                g = oldest + min(int(u[i, 3] * held), held - 1)
+        out[i] = read[i] = (base + g) % capacity
+        mask[i] = True
+
+
+def goal_draw(
+    slots: np.ndarray,
+    u: np.ndarray,
+    ends: np.ndarray,
+    time: int,
+    base: int,
+    capacity: int,
+    code: int,
+    n_relabel: int,
+    goal_probs: tuple[float, float, float],
+    geom: bool,
+    log_discount: float,
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`goal_slots` for the hot path: also the slots to read and the relabeled mask.
+
+    Returns ``(goal, read, mask)``: the goal slots (``-1``: kept), the slot to read each
+    item's goal from (its own slot where kept) and ``goal >= 0``.
+    """
+    n = slots.shape[0]
+    out = np.empty(n, np.int64)
+    read = np.empty(n, np.int64)
+    mask = np.empty(n, np.bool_)
+    _nb_goal_slots(
+        slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
+        geom, log_discount, out, read, mask,
+    )  # fmt: skip
+    return out, read, mask
+
+
+def goal_slots(
+    slots: np.ndarray,
+    u: np.ndarray,
+    ends: np.ndarray,
+    time: int,
+    base: int,
+    capacity: int,
+    strategy: str,
+    n_relabel: int,
+    goal_probs: tuple[float, float, float] = (0.0, 1.0, 0.0),
+    geom: bool = False,
+    discount: float = 0.99,
+) -> np.ndarray:
+    """The goal slot of each item (``-1``: not relabeled), in one numba pass (see the module)."""
+    log_discount = math.log(discount) if discount > 0 else -math.inf
+    code = STRATEGIES[strategy]
+    return goal_draw(
+        slots, u, ends, time, base, capacity, code, n_relabel, goal_probs, geom, log_discount
+    )[0]
+
+
+def goal_slots_reference(
+    slots: np.ndarray,
+    u: np.ndarray,
+    ends: np.ndarray,
+    time: int,
+    base: int,
+    capacity: int,
+    strategy: str,
+    n_relabel: int,
+    goal_probs: tuple[float, float, float] = (0.0, 1.0, 0.0),
+    geom: bool = False,
+    discount: float = 0.99,
+) -> np.ndarray:
+    """:func:`goal_slots` item by item in plain Python (the slow reference).
+
+    Examples:
+        >>> u = np.full((2, 4), 0.5)
+        >>> slots, ends = np.array([0, 3]), np.array([2, 5])  # episodes [0, 2] and [3, 5]
+        >>> goal_slots_reference(slots, u, ends, 6, 0, 10, "future", 2).tolist()
+        [1, 4]
+        >>> goal_slots_reference(slots, u, ends, 6, 0, 10, "final", 2).tolist()
+        [2, 5]
+    """
+    n = len(slots)
+    order = list(range(n))
+    for i in range(n_relabel):
+        j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
+        order[i], order[j] = order[j], order[i]
+    out = [-1] * n
+    oldest = max(0, time - capacity)
+    ends_list = [int(x) for x in ends]
+    for i in order[:n_relabel]:
+        t = oldest + (int(slots[i]) - base - oldest) % capacity
+        later = [x for x in ends_list if x >= t]
+        earlier = [x for x in ends_list if x < t]
+        e = later[0] if later else time - 1
+        s = max(earlier[-1] + 1 if earlier else oldest, oldest)
+        v = float(u[i, 1])
+        if strategy == "future":
+            g = t + min(int(v * (e - t + 1)), e - t)
+        elif strategy == "final":
+            g = e
+        elif strategy == "episode":
+            g = s + min(int(v * (e - s + 1)), e - s)
+        elif v < goal_probs[0]:
+            g = t
+        elif v < goal_probs[0] + goal_probs[1]:
+            w = float(u[i, 2])
+            if geom:
+                k = 1 + (int(math.log1p(-w) / math.log(discount)) if discount > 0 else 0)
+                g = min(t + k, e) if k < e - t + 1 else e
+            else:
+                a = min(t + 1, e)
+                g = round(a * w + e * (1.0 - w))
+        else:
+            held = time - oldest
+            g = oldest + min(int(float(u[i, 3]) * held), held - 1)
+        out[i] = (base + g) % capacity
+    return np.asarray(out, np.int64)

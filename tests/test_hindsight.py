@@ -1,0 +1,338 @@
+"""``HindsightRelabel`` against per-item brute force: goal sets, exact draws, distributions."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import Counter
+
+import numpy as np
+import pytest
+import torch
+
+from rbdata import HindsightRelabel, ListStorage, ReplayBuffer, SliceSampler, TensorStorage
+from tests._ring import Ring
+
+STRATEGIES = ["future", "final", "episode"]
+
+
+def fetch_reward(achieved: torch.Tensor, desired: torch.Tensor, info: object) -> torch.Tensor:
+    """gymnasium-robotics' Fetch reward: 0 within 0.05 of the goal, else -1."""
+    return -(torch.linalg.vector_norm(achieved - desired, dim=-1) > 0.05).float()
+
+
+def steps(model: Ring, done: list[bool]) -> dict:
+    """Items whose achieved goals name their step: ``(t, episode)``, next ``(t + 0.5, ...)``."""
+    start = len(model.done)
+    model.write(done)
+    n = len(done)
+    t = torch.arange(start, start + n, dtype=torch.float64)
+    ep = torch.tensor(model.episode[start:], dtype=torch.float64)
+    return {
+        "observation": {
+            "achieved_goal": torch.stack([t, ep], 1),
+            "desired_goal": torch.full((n, 2), -5.0, dtype=torch.float64),
+        },
+        "next": {
+            "observation": {
+                "achieved_goal": torch.stack([t + 0.5, ep], 1),
+                "desired_goal": torch.full((n, 2), -5.0, dtype=torch.float64),
+            },
+            "reward": torch.full((n, 1), 7.0),
+            "done": torch.tensor(done).reshape(n, 1),
+        },
+    }
+
+
+def filled(capacity: int, n: int, seed: int = 0, p_end: float = 0.15, storage=None):
+    """A buffer of ``capacity`` after ``n`` random steps written in chunks, and its model."""
+    rng = random.Random(seed)
+    model = Ring(capacity)
+    rb = ReplayBuffer(storage if storage is not None else TensorStorage(capacity))
+    while len(model.done) < n:
+        k = min(rng.randint(1, capacity // 2), n - len(model.done))
+        rb.extend(steps(model, [rng.random() < p_end for _ in range(k)]))
+    return rb, model
+
+
+def relabel(her: HindsightRelabel, rb: ReplayBuffer, index: torch.Tensor):
+    """The plain batch at ``index`` and the relabeled one."""
+    plain = rb.storage.gather(index, {"index": index})
+    return plain, her(plain.clone())
+
+
+def allowed(strategy: str, t: int, s: int, e: int) -> set[int]:
+    """The goal steps each strategy may choose for step ``t`` of episode ``[s, e]``."""
+    return {"future": set(range(t, e + 1)), "final": {e}, "episode": set(range(s, e + 1))}[strategy]
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+@pytest.mark.parametrize("storage", ["tensor", "list"])
+def test_goals_rewards_and_kept_items_against_brute_force(strategy: str, storage: str) -> None:
+    capacity = 40
+    store = TensorStorage(capacity) if storage == "tensor" else ListStorage(capacity)
+    her = HindsightRelabel(
+        store, strategy=strategy, reward_fn=fetch_reward, generator=torch.Generator().manual_seed(1)
+    )
+    rb, model = filled(capacity, 25, storage=store)
+    rng = random.Random(3)
+    for _round in range(12):  # writes through the ring between samples: overwrites, running
+        done = [rng.random() < 0.2 for _ in range(rng.randint(1, 15))]
+        rb.extend(steps(model, done))
+        index = torch.randint(len(store), (64,))
+        plain, batch = relabel(her, rb, index)
+        goal_index = batch["goal_index"]
+        assert int((goal_index >= 0).sum()) == int(0.8 * 64)
+        for i in range(64):
+            slot = int(index[i])
+            goal = batch["observation", "desired_goal"][i]
+            if goal_index[i] < 0:  # kept: bitwise as sampled
+                for key in plain.keys(True, True):
+                    assert torch.equal(batch[key][i], plain[key][i]), key
+                continue
+            t, s, e = model.times(slot)
+            g = model.slot_time[int(goal_index[i])]
+            assert g in allowed(strategy, t, s, e)
+            assert model.episode[g] == model.episode[t]  # never across an episode
+            assert goal.tolist() == [g + 0.5, model.episode[g]]  # ("next", achieved) of g
+            assert torch.equal(batch["next", "observation", "desired_goal"][i], goal)
+            achieved = plain["next", "observation", "achieved_goal"][i]
+            reward = 0.0 if torch.linalg.vector_norm(achieved - goal) <= 0.05 else -1.0
+            assert batch["next", "reward"][i].tolist() == [reward]
+            assert reward == (0.0 if g == t else -1.0)
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_goal_slots_equal_a_per_item_replay_of_the_same_draws(strategy: str) -> None:
+    """Same generator state → the per-item Python reference picks the very same goals."""
+    capacity, n, batch = 30, 77, 50
+    rb, model = filled(capacity, n, seed=7)
+    gen = torch.Generator().manual_seed(11)
+    her = HindsightRelabel(
+        rb.storage, strategy=strategy, her_ratio=0.5, reward_fn=fetch_reward, generator=gen
+    )
+    for _ in range(5):
+        state = gen.get_state()
+        index = torch.randint(capacity, (batch,))
+        got = her(rb.storage.gather(index, {"index": index}))["goal_index"].tolist()
+        u = torch.rand(
+            (batch, 4), generator=torch.Generator().set_state(state), dtype=torch.float64
+        )
+        order = list(range(batch))
+        for i in range(batch // 2):  # the random subset: a partial Fisher-Yates shuffle
+            j = i + min(int(u[i, 0] * (batch - i)), batch - i - 1)
+            order[i], order[j] = order[j], order[i]
+        expected = [-1] * batch
+        for i in order[: batch // 2]:
+            t, s, e = model.times(int(index[i]))
+            v = float(u[i, 1])
+            g = {
+                "future": t + int(v * (e - t + 1)),
+                "final": e,
+                "episode": s + int(v * (e - s + 1)),
+            }
+            expected[i] = g[strategy] % capacity
+        assert got == expected
+
+
+def chi_square_ok(counts: Counter, probs: dict[int, float], draws: int) -> None:
+    """Every drawn value is allowed, and the counts fit ``probs`` (a far-tail chi-square)."""
+    assert set(counts) <= {k for k, p in probs.items() if p > 0}, set(counts) - set(probs)
+    support = [k for k, p in probs.items() if p > 0]
+    stat = sum((counts[k] - draws * probs[k]) ** 2 / (draws * probs[k]) for k in support)
+    dof = max(len(support) - 1, 1)
+    assert stat < dof + 6 * math.sqrt(2 * dof) + 10, (stat, dof)
+
+
+def draw_goals(her: HindsightRelabel, rb: ReplayBuffer, model: Ring, slot: int) -> Counter:
+    counts: Counter = Counter()
+    for _ in range(10):
+        index = torch.full((2000,), slot)
+        goal_index = her(rb.storage.gather(index, {"index": index}))["goal_index"]
+        counts.update(model.slot_time[int(s)] for s in goal_index.tolist())
+    return counts
+
+
+def one_episode(length: int, capacity: int = 100, written: int | None = None):
+    """A buffer holding one finished episode of ``length`` steps (after ``written`` others)."""
+    model = Ring(capacity)
+    rb = ReplayBuffer(TensorStorage(capacity))
+    if written:
+        rb.extend(steps(model, [False] * (written - 1) + [True]))
+    rb.extend(steps(model, [False] * (length - 1) + [True]))
+    return rb, model
+
+
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_distributions_are_exact(strategy: str) -> None:
+    rb, model = one_episode(12, written=5)  # the episode holds times 5..16
+    her = HindsightRelabel(
+        rb.storage, strategy=strategy, her_ratio=1.0, reward_fn=fetch_reward,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    t, s, e = 8, 5, 16
+    probs = {
+        "future": {g: 1 / (e - t + 1) for g in range(t, e + 1)},
+        "final": {e: 1.0},
+        "episode": {g: 1 / (e - s + 1) for g in range(s, e + 1)},
+    }[strategy]
+    chi_square_ok(draw_goals(her, rb, model, slot=t), probs, 20000)
+
+
+def ogbench_probs(t: int, e: int, held: list[int], probs, geom: bool, gamma: float):
+    """OGBench's ``sample_goals`` distribution for step ``t`` of an episode ending at ``e``."""
+    p_cur, p_traj, p_random = probs
+    out = Counter({t: p_cur})
+    if geom:  # min(t + k, e), k >= 1 geometric: P(k) = (1 - gamma) * gamma ** (k - 1)
+        for k in range(1, e - t):
+            out[t + k] += p_traj * (1 - gamma) * gamma ** (k - 1)
+        out[e] += p_traj * gamma ** max(e - t - 1, 0)
+    else:  # round(a * v + e * (1 - v)), v uniform: the two ends get half a share
+        a = min(t + 1, e)
+        if a == e:
+            out[e] += p_traj
+        else:
+            for g in range(a, e + 1):
+                out[g] += p_traj * (0.5 if g in (a, e) else 1.0) / (e - a)
+    for g in held:
+        out[g] += p_random / len(held)
+    return dict(out)
+
+
+@pytest.mark.parametrize("geom", [False, True])
+@pytest.mark.parametrize("probs", [(0.0, 1.0, 0.0), (0.2, 0.5, 0.3)])
+def test_ogbench_goal_distribution_is_exact(geom: bool, probs) -> None:
+    rb, model = one_episode(12, written=5)
+    her = HindsightRelabel(
+        rb.storage, strategy="ogbench", her_ratio=1.0, reward_fn=fetch_reward,
+        goal_probs=probs, geom_sample=geom, discount=0.7,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    for t in (8, 15, 16):
+        expected = ogbench_probs(t, 16, list(range(17)), probs, geom, 0.7)
+        chi_square_ok(draw_goals(her, rb, model, slot=t), expected, 20000)
+
+
+def test_the_relabeled_subset_is_uniform_and_exactly_sized() -> None:
+    rb, _ = one_episode(30)
+    her = HindsightRelabel(rb.storage, her_ratio=0.3, reward_fn=fetch_reward)
+    hits = torch.zeros(10)
+    for _ in range(2000):
+        index = torch.arange(10)
+        relabeled = her(rb.storage.gather(index, {"index": index}))["goal_index"] >= 0
+        assert int(relabeled.sum()) == 3
+        hits += relabeled
+    chi_square_ok(Counter(dict(enumerate(hits.tolist()))), dict.fromkeys(range(10), 0.1), 6000)
+
+
+def test_running_and_ring_cut_episodes() -> None:
+    """future/final stop at the newest step; an overwritten start is the oldest step held."""
+    capacity = 10
+    model = Ring(capacity)
+    rb = ReplayBuffer(TensorStorage(capacity))
+    rb.extend(steps(model, [False] * 7 + [True]))  # times 0..7
+    rb.extend(steps(model, [False] * 6))  # times 8..13, still running; 0..3 overwritten
+    for strategy, slot, expected in [
+        ("final", 3 % capacity, 13),  # running: its final step is the newest
+        ("episode", 5, set(range(4, 8))),  # ring-cut: from the oldest held (4) to its end
+        ("future", 11 % capacity, set(range(11, 14))),
+    ]:
+        her = HindsightRelabel(rb.storage, strategy=strategy, her_ratio=1.0, reward_fn=fetch_reward)
+        index = torch.full((400,), slot)
+        goals = {
+            model.slot_time[int(s)]
+            for s in her(rb.storage.gather(index, {"index": index}))["goal_index"]
+        }
+        assert goals == (expected if isinstance(expected, set) else {expected})
+
+
+def test_storage_untouched_reproducible_and_state_dict() -> None:
+    rb, _ = filled(50, 120, seed=2)
+    before = [b.clone() for b in rb.storage.buffers]
+    her = HindsightRelabel(
+        rb.storage, reward_fn=fetch_reward, generator=torch.Generator().manual_seed(4)
+    )
+    rb.transform = her
+    state, sampler_state = her.state_dict(), rb.sampler.state_dict()
+    first = [rb.sample(32) for _ in range(3)]
+    her.load_state_dict(state)
+    rb.sampler.load_state_dict(sampler_state)
+    again = [rb.sample(32) for _ in range(3)]
+    for a, b in zip(first, again, strict=True):
+        assert (a == b).all()
+    assert all(torch.equal(x, y) for x, y in zip(before, rb.storage.buffers, strict=True))
+
+
+def test_with_a_slice_sampler() -> None:
+    capacity = 64
+    store = TensorStorage(capacity)
+    her = HindsightRelabel(store, strategy="future", reward_fn=fetch_reward)
+    rb = ReplayBuffer(store, sampler=SliceSampler(slice_len=4), transform=her)
+    model = Ring(capacity)
+    for _ in range(6):
+        rb.extend(steps(model, [False] * 15 + [True]))
+    batch = rb.sample(32)
+    ag = batch["observation", "achieved_goal"]
+    goal = batch["observation", "desired_goal"]
+    rows = batch["goal_index"] >= 0
+    assert (goal[rows, 1] == ag[rows, 1]).all() and (goal[rows, 0] >= ag[rows, 0] + 0.5).all()
+
+
+def test_helpful_errors() -> None:
+    rb, _ = one_episode(5)
+    store = rb.storage
+    with pytest.raises(ValueError, match="strategy must be one of"):
+        HindsightRelabel(store, strategy="past", reward_fn=fetch_reward)
+    for ratio in (-0.1, 1.5):
+        with pytest.raises(ValueError, match=r"her_ratio must be in \[0, 1\]"):
+            HindsightRelabel(store, her_ratio=ratio, reward_fn=fetch_reward)
+    with pytest.raises(TypeError, match="reward_fn must be callable"):
+        HindsightRelabel(store, reward_fn=None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="only for strategy='ogbench'"):
+        HindsightRelabel(store, reward_fn=fetch_reward, goal_probs=(0, 1, 0))
+    with pytest.raises(ValueError, match="sum to 1"):
+        HindsightRelabel(
+            store, strategy="ogbench", reward_fn=fetch_reward, goal_probs=(0.5, 0.6, 0)
+        )
+    with pytest.raises(ValueError, match="discount"):
+        HindsightRelabel(store, strategy="ogbench", reward_fn=fetch_reward, discount=1.0)
+    index = torch.arange(4)
+    batch = store.gather(index, {"index": index})
+    with pytest.raises(KeyError, match="'index'"):
+        HindsightRelabel(store, reward_fn=fetch_reward)(batch.exclude("index"))
+    with pytest.raises(KeyError, match="no achieved goal"):
+        HindsightRelabel(store, reward_fn=fetch_reward, achieved_key="goal")(batch.clone())
+    with pytest.raises(KeyError, match="no desired goal"):
+        HindsightRelabel(store, reward_fn=fetch_reward, desired_key="goal")(batch.clone())
+    bad = HindsightRelabel(store, her_ratio=1.0, reward_fn=lambda a, d, i: torch.zeros(4, 2))
+    with pytest.raises(ValueError, match=r"reward_fn returned shape \(4, 2\)"):
+        bad(batch.clone())
+    with pytest.raises(TypeError, match="TensorDict"):
+        HindsightRelabel(store, reward_fn=fetch_reward)(torch.zeros(4))
+    numpy_reward = HindsightRelabel(store, her_ratio=1.0, reward_fn=lambda a, d, i: np.zeros(4))
+    assert numpy_reward(batch.clone())["next", "reward"].shape == (4, 1)
+
+
+def test_ogbench_goals_on_an_ogbench_dataset(tmp_path) -> None:
+    """OGBench's goal sampling over a converted OGBench file: goals never leave a trajectory."""
+    from rbdata.datasets import OGBench
+    from tests._ogbench_files import write_ogbench_file
+
+    file = tmp_path / "pointmaze-medium-navigate-v0.npz"
+    write_ogbench_file(file, n=400, infos=False)
+    ds = OGBench("pointmaze-medium-navigate-v0", tmp_path / "home", file=file, progress=False)
+    her = HindsightRelabel(
+        ds.storage, strategy="ogbench", her_ratio=1.0, achieved_key="observation",
+        desired_key="goal", goal_probs=(0.1, 0.9, 0.0), geom_sample=False, traj_key="episode",
+        reward_fn=lambda a, d, info: (info["goal_index"] == info["index"]).float() - 1.0,
+        generator=torch.Generator().manual_seed(0),
+    )  # fmt: skip
+    ds.buffer.transform = her
+    rows = ds[:]
+    for _ in range(5):
+        batch = ds.sample(128)
+        index, goal = batch["index"], batch["goal_index"]
+        assert (rows["episode"][goal] == rows["episode"][index]).all()
+        assert (goal >= index).all()
+        assert torch.equal(batch["goal"], rows["observation"][goal])
+        assert torch.equal(batch["next", "reward"].squeeze(1), (goal == index).float() - 1.0)
