@@ -35,9 +35,10 @@ from rbdata.errors import CheckpointError
 from rbdata.storages._codec import Codec
 from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._describe import StorageInfo
-from rbdata.storages._prepared import Prepared, write_target
+from rbdata.storages._prepared import Prepared
+from rbdata.storages._target import WriteTarget
 
-__all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
+__all__ = ["Codec", "Prepared", "Storage", "WriteIndex", "WriteTarget"]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
@@ -226,11 +227,10 @@ class Storage(Dataset[Any]):
                 slot = normalize_int(i, len(self), "storage", "length")
             else:
                 slot = normalize_int(i, self.capacity, "storage", "capacity")
-            self.commit(slot, prepared)
+            self.commit(WriteTarget.one(slot), prepared)
             return
         prepared = self.prepare(data, batched=True)
-        target = self._write_target(index, prepared.n)
-        self.commit(target, prepared)
+        self.commit(WriteTarget.resolve(index, prepared.n, self.capacity, len(self)), prepared)
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments that rebuild an empty storage like this one (checkpoints)."""
@@ -428,29 +428,18 @@ class Storage(Dataset[Any]):
         tensors, n = layout.split(data, batched, self._payload_device(), self._densify)
         return Prepared(tensors, n, layout, batched)
 
-    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
-        """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
+        """Write prepared data where ``target`` says (one item, runs of slots, or slots)."""
         self._check_open()
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)
-        if isinstance(index, int):
-            self._write_one(index, prepared.payload)
-            top = last = index + 1
-        elif isinstance(index, list):
-            self._write(index, prepared.payload)
-            top = index[0].stop if len(index) == 1 else max((r.stop for r in index), default=0)
-            last = index[-1].stop if index else self.next_slot
+        if target.item:
+            self._write_one(target.first, prepared.payload)
         else:
-            self._write(index, prepared.payload)
-            top = int(index.max()) + 1 if index.numel() else 0
-            last = int(index[-1]) + 1 if index.numel() else self.next_slot
-        if top > len(self):
-            self._set_length(top)
-        self._set_next(last % self.capacity)
-
-    def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
-        """``index`` of a batched :meth:`set` of ``n`` items, normalised (see ``_prepared.py``)."""
-        return write_target(index, n, self.capacity, len(self))
+            self._write(target, prepared.payload)
+        if target.top > len(self):
+            self._set_length(target.top)
+        self._set_next(target.next_slot(self.capacity, self.next_slot))
 
     def _ensure_layout(self, layout: Layout) -> None:
         """Allocate for ``layout`` and fix it, unless a layout is fixed already."""
@@ -484,8 +473,8 @@ class Storage(Dataset[Any]):
         """Allocate memory for ``capacity`` items of ``layout`` (called on the first write)."""
 
     @abstractmethod
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        """Write a validated batch to contiguous runs or to a LongTensor of slots."""
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:
+        """Write a validated batch where ``target`` says (contiguous runs, or slots)."""
 
     @abstractmethod
     def _write_one(self, index: int, payload: list[Any]) -> None:

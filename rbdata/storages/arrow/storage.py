@@ -89,7 +89,7 @@ from rbdata.storages.arrow._journal import Journal, read_journal
 from rbdata.storages.arrow._lifecycle import flush_when_dropped, read_dir, write_meta
 from rbdata.storages.arrow._persist import ArrowFiles
 from rbdata.storages.arrow._records import log_write, replay
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.base import Prepared, Storage, WriteTarget
 
 __all__ = ["ArrowStorage"]
 
@@ -408,7 +408,7 @@ class ArrowStorage(ArrowFiles):
         self._set_layout(layout)
         write_meta(self)
 
-    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
         """Journal the write, apply it, then write back every chunk the cursor has left."""
         self._check_open()
         if self._owner_pid != os.getpid():
@@ -423,8 +423,8 @@ class ArrowStorage(ArrowFiles):
             self._ensure_layout(prepared.layout)  # the metadata names the layout first
         journal = self._journal
         if journal is not None and not self._replaying:
-            log_write(self, journal, index, prepared)
-        super().commit(index, prepared)
+            log_write(self, journal, target, prepared)
+        super().commit(target, prepared)
         seal_left(self)
         if journal is not None and journal.size > _JOURNAL_LIMIT:
             self._sync(fsync=False)  # a kill keeps the page cache: no wait for the disk
@@ -439,8 +439,8 @@ class ArrowStorage(ArrowFiles):
             self._chunks = {}
             self._addresses = None
 
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        write_runs(self, index, payload)
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:
+        write_runs(self, target, payload)
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         write_one(self, index, payload)
