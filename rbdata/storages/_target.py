@@ -12,33 +12,23 @@ Re-exported by :mod:`rbdata.storages.base` and :mod:`rbdata.storages`.
 
 from __future__ import annotations
 
-from typing import Any, NoReturn, final
+from typing import Any, NamedTuple, final
 
 import numpy as np
 import torch
 
-from rbdata._index import as_index_tensor, ring_runs
+from rbdata._index import as_index_tensor
 
 __all__ = ["WriteTarget"]
 
 
 @final
-class WriteTarget:
+class WriteTarget(NamedTuple):
     """The slots of one write, resolved once: runs of slots, or any slots (immutable).
 
     Build one with :meth:`one` (an item), :meth:`of_runs`, :meth:`ring`, :meth:`of_slots`,
-    or :meth:`resolve` (the index of a batched :meth:`~rbdata.storages.Storage.set`).
-
-    Attributes:
-        runs: the slots as contiguous runs (a list of step-1 slices, in write order), or
-            ``None`` when they are any slots (see :attr:`index`). An item's is one run.
-        index: the slots as a 1-D int64 tensor, when they are not runs (else ``None``).
-        item: whether the payload is one item (unbatched) at the slot :attr:`first`.
-        n: how many rows are written.
-        top: one past the highest slot written (``0`` for an empty write): the length the
-            storage has at least afterwards.
-        end: one past the last slot written, in write order (``None`` for an empty write):
-            where a ring writer resumes, before wrapping.
+    or :meth:`resolve` (the index of a batched :meth:`~rbdata.storages.Storage.set`); the
+    fields below are computed there, once.
 
     Examples:
         >>> target = WriteTarget.ring(6, 4, 8)
@@ -50,41 +40,21 @@ class WriteTarget:
         [3, 1]
     """
 
-    __slots__ = ("_numpy", "end", "index", "item", "n", "runs", "top")
-
+    #: The slots as contiguous runs (step-1 slices, in write order), or ``None`` when they
+    #: are any slots (see :attr:`indices`). An item's slot is one run.
     runs: list[slice] | None
-    index: torch.Tensor | None
+    #: The slots as a 1-D int64 tensor, when they are not runs (else ``None``).
+    indices: torch.Tensor | None
+    #: Whether the payload is one item (unbatched) at the slot :attr:`first`.
     item: bool
+    #: How many rows are written.
     n: int
+    #: One past the highest slot written (``0`` for an empty write): the length the storage
+    #: has at least afterwards.
     top: int
+    #: One past the last slot written, in write order (``None`` for an empty write): where a
+    #: ring writer resumes, before wrapping.
     end: int | None
-    _numpy: np.ndarray[Any, Any] | None
-
-    def __init__(
-        self,
-        runs: list[slice] | None,
-        index: torch.Tensor | None,
-        item: bool,
-        n: int,
-        top: int,
-        end: int | None,
-    ) -> None:
-        """Use the constructors (:meth:`one`, :meth:`of_runs`, ...): they compute the sizes."""
-        put = object.__setattr__
-        put(self, "runs", runs)
-        put(self, "index", index)
-        put(self, "item", item)
-        put(self, "n", n)
-        put(self, "top", top)
-        put(self, "end", end)
-        put(self, "_numpy", None)
-
-    def __setattr__(self, name: str, value: Any) -> NoReturn:
-        raise AttributeError(f"a WriteTarget is immutable (setting {name!r})")
-
-    def __repr__(self) -> str:
-        where = self.runs if self.runs is not None else self.index
-        return f"WriteTarget({where}, n={self.n}{', item' if self.item else ''})"
 
     # --- constructors ------------------------------------------------------------------
     @classmethod
@@ -95,17 +65,26 @@ class WriteTarget:
     @classmethod
     def of_runs(cls, runs: list[slice]) -> WriteTarget:
         """A batch written to contiguous ``runs`` (step-1 slices with in-range bounds)."""
-        if len(runs) == 1:  # the common case: one run
-            stop = runs[0].stop
-            return cls(runs, None, False, stop - runs[0].start, stop, stop)
-        n = sum(run.stop - run.start for run in runs)
-        top = max((run.stop for run in runs), default=0)
+        n = top = 0
+        for run in runs:
+            n += run.stop - run.start
+            if run.stop > top:
+                top = run.stop
         return cls(runs, None, False, n, top, runs[-1].stop if runs else None)
 
     @classmethod
     def ring(cls, start: int, n: int, capacity: int) -> WriteTarget:
-        """A batch of ``n`` items at ring slots ``start, start + 1, ...`` (at most 2 runs)."""
-        return cls.of_runs(ring_runs(start, n, capacity))
+        """A batch of ``n`` items at ring slots ``start, start + 1, ...`` (at most 2 runs).
+
+        ``n`` is in ``[0, capacity]``; the runs are :func:`rbdata._index.ring_runs`'s.
+        """
+        stop = start + n
+        if n <= 0:
+            return cls([], None, False, 0, 0, None)
+        if stop <= capacity:
+            return cls([slice(start, stop)], None, False, n, stop, stop)
+        wrapped = stop - capacity
+        return cls([slice(start, capacity), slice(0, wrapped)], None, False, n, capacity, wrapped)
 
     @classmethod
     def of_slots(cls, index: torch.Tensor) -> WriteTarget:
@@ -160,8 +139,8 @@ class WriteTarget:
         """The first slot written (an item's slot); ``IndexError`` for an empty write."""
         if self.runs is not None:
             return int(self.runs[0].start)
-        assert self.index is not None
-        return int(self.index[0])
+        assert self.indices is not None
+        return int(self.indices[0])
 
     def next_slot(self, capacity: int, current: int) -> int:
         """The slot after this write in a ring of ``capacity`` (``current`` if empty)."""
@@ -171,37 +150,34 @@ class WriteTarget:
         """Whether a slot below ``length`` (a live item) is written."""
         if self.runs is not None:
             return any(run.start < min(run.stop, length) for run in self.runs)
-        index = self.index
+        index = self.indices
         assert index is not None
         return bool(index.numel()) and int(index.min()) < length
 
     def slots(self) -> torch.Tensor:
         """Every slot written, in write order, as a 1-D int64 tensor (the index itself)."""
-        if self.index is not None:
-            return self.index
+        if self.indices is not None:
+            return self.indices
         return torch.from_numpy(self.slots_numpy())
 
     def slots_numpy(self) -> np.ndarray[Any, Any]:
-        """Every slot written, in write order, as a C-contiguous int64 array (computed once)."""
-        out = self._numpy
-        if out is None:
-            if self.runs is not None:
-                runs = [np.arange(r.start, r.stop, dtype=np.int64) for r in self.runs]
-                out = np.concatenate(runs) if runs else np.zeros(0, np.int64)
-            else:
-                index = self.index
-                assert index is not None
-                out = index.detach().cpu().reshape(-1).numpy()
-                out = np.ascontiguousarray(out, dtype=np.int64)
-            object.__setattr__(self, "_numpy", out)
-        return out
+        """Every slot written, in write order, as a C-contiguous int64 array.
+
+        For slots, a view of :attr:`indices` (CPU, contiguous) or a copy; for runs, new.
+        """
+        if self.runs is not None:
+            runs = [np.arange(r.start, r.stop, dtype=np.int64) for r in self.runs]
+            return np.concatenate(runs) if runs else np.zeros(0, np.int64)
+        index = self.indices
+        assert index is not None
+        return np.ascontiguousarray(index.detach().cpu().reshape(-1).numpy(), dtype=np.int64)
 
     def positions(self) -> list[int]:
         """Every slot written, in write order, as Python ints."""
         if self.runs is not None:
             return [i for run in self.runs for i in range(run.start, run.stop)]
-        assert self.index is not None
-        return self.index.tolist()
+        assert self.indices is not None
+        return self.indices.tolist()
 
     def bounds(self) -> list[int]:
         """The runs as ``[start, stop, start, stop, ...]`` (``ValueError`` for slots)."""

@@ -132,21 +132,22 @@ class SlotVersions:
         #: its gather overlapped no write (the common case: no per-slot check needed)
         self.stamp_word: np.ndarray[Any, Any] = every[capacity:]
 
-    def begin(self, target: WriteTarget) -> WriteTarget:
-        """Mark the slots of ``target`` as being written (odd); returns it for :meth:`end`."""
+    def begin(self, target: WriteTarget) -> list[Any]:
+        """Mark the slots of ``target`` as being written (odd); returns them for :meth:`end`."""
+        marks = target.selectors()  # runs as slices, or one array of slots
         self.stamp_word |= 1
         barrier()
         w = self.words
-        for where in target.selectors():
+        for where in marks:
             w[where] |= 1
         barrier()  # the marks are visible before any row changes
-        return target
+        return marks
 
-    def end(self, target: WriteTarget) -> None:
-        """Mark the slots of ``target`` (from :meth:`begin`) written: the next even version."""
+    def end(self, marks: list[Any]) -> None:
+        """Mark the slots :meth:`begin` returned as written: the next even version."""
         barrier()  # every row is written before the marks change
         w = self.words
-        for where in target.selectors():
+        for where in marks:
             w[where] = (w[where] | 1) + 1
         barrier()
         self.stamp_word[:] = (self.stamp_word | 1) + 1
@@ -154,11 +155,11 @@ class SlotVersions:
     @contextlib.contextmanager
     def writing(self, target: WriteTarget) -> Iterator[None]:
         """:meth:`begin` on entry, :meth:`end` on exit (an error included): a write's marks."""
-        self.begin(target)
+        marks = self.begin(target)
         try:
             yield
         finally:
-            self.end(target)
+            self.end(marks)
 
     def stamp(self) -> int:
         """The storage-wide stamp: odd while a write is in progress, raised by each write."""
