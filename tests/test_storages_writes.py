@@ -18,7 +18,14 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer
-from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, Storage, TensorStorage
+from rbdata.storages import (
+    ArrowStorage,
+    ListStorage,
+    MemmapStorage,
+    Storage,
+    TensorStorage,
+    WriteTarget,
+)
 
 STORAGES: dict[str, Callable[[int], Storage]] = {
     "tensor": TensorStorage,
@@ -349,7 +356,7 @@ def test_cuda_storage_prepares_on_device_and_detached() -> None:
     prepared = storage.prepare({"x": (w * torch.ones(2, 3)).double()}, batched=True)
     (t,) = prepared.payload
     assert t.device.type == "cuda" and t.dtype == torch.float32 and not t.requires_grad
-    storage.commit([slice(2, 4)], prepared)
+    storage.commit(WriteTarget.of_runs([slice(2, 4)]), prepared)
     assert storage[[2, 3]]["x"].tolist() == [[1.0] * 3] * 2
     before = storage[[0, 1, 2, 3]]["x"].clone()
     with pytest.raises(ValueError, match="1e\\+300"):

@@ -17,6 +17,7 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import MemmapStorage, ReplayBuffer
+from rbdata.storages import WriteTarget
 from rbdata.storages.memmap import _versions
 from rbdata.storages.memmap._versions import SlotVersions, consistent_rows
 
@@ -38,24 +39,24 @@ def _torn(batch: TensorDict) -> int:
 def test_marks_are_odd_during_a_write_and_even_after(tmp_path: Path) -> None:
     v = SlotVersions(tmp_path / "versions.bin", 10)
     assert v.words.tolist() == [0] * 10
-    marked = v.begin([slice(2, 4)])
+    marked = v.begin(WriteTarget.of_runs([slice(2, 4)]))
     assert [int(w) & 1 for w in v.words] == [0, 0, 1, 1, 0, 0, 0, 0, 0, 0]
     v.end(marked)
     assert v.words.tolist() == [0, 0, 2, 2, 0, 0, 0, 0, 0, 0]
-    marked = v.begin(torch.tensor([3, 3, 9]))  # duplicates: one mark each
+    marked = v.begin(WriteTarget.of_slots(torch.tensor([3, 3, 9])))  # duplicates: one mark each
     v.end(marked)
     assert v.words.tolist() == [0, 0, 2, 4, 0, 0, 0, 0, 0, 2]
-    v.begin(5)  # a writer killed between its marks leaves the slot odd...
+    v.begin(WriteTarget.one(5))  # a writer killed between its marks leaves the slot odd...
     assert int(v.words[5]) == 1
-    v.end(v.begin(5))  # ...and the next write of the slot makes it even again
+    v.end(v.begin(WriteTarget.one(5)))  # ...and the next write of the slot makes it even again
     assert int(v.words[5]) == 2
     before = v.read(np.array([2, 5], dtype=np.int64))
     assert v.changed(np.array([2, 5], dtype=np.int64), before).tolist() == []
-    v.end(v.begin(2))
+    v.end(v.begin(WriteTarget.one(2)))
     assert v.changed(np.array([2, 5], dtype=np.int64), before).tolist() == [0]
     stamp = v.stamp()  # even; raised by 2 per write, odd during one
     assert stamp % 2 == 0
-    marked = v.begin(4)
+    marked = v.begin(WriteTarget.one(4))
     assert v.stamp() == stamp + 1
     v.end(marked)
     assert v.stamp() == stamp + 2
@@ -76,7 +77,8 @@ class _Racer:
         if self.races:
             self.races -= 1
             rows[1][idx == idx[0]] = -1  # the written slot's rows: half old, half new
-            marked = self.v.begin(idx[:1])  # the overlapping write of the first slot
+            # the overlapping write of the first slot
+            marked = self.v.begin(WriteTarget.of_slots(idx[:1]))
             if not self.odd:
                 self.v.end(marked)
         return rows
@@ -95,7 +97,8 @@ def test_a_raced_row_is_read_again(tmp_path: Path) -> None:
 
 def test_a_read_no_write_overlapped_is_one_gather(tmp_path: Path) -> None:
     v = SlotVersions(tmp_path / "versions.bin", 8)
-    v.end(v.begin(torch.tensor([1, 2])))  # earlier writes: nothing in progress now
+    # earlier writes: nothing in progress now
+    v.end(v.begin(WriteTarget.of_slots(torch.tensor([1, 2]))))
     table = torch.arange(8.0)
     calls = []
 
@@ -108,7 +111,7 @@ def test_a_read_no_write_overlapped_is_one_gather(tmp_path: Path) -> None:
 
     def gather_while_another_slot_is_written(idx: torch.Tensor) -> list[torch.Tensor]:
         if not calls[1:]:
-            v.end(v.begin(5))  # a write of a slot this read does not touch
+            v.end(v.begin(WriteTarget.one(5)))  # a write of a slot this read does not touch
         return gather(idx)
 
     calls.clear()
@@ -120,7 +123,7 @@ def test_a_read_no_write_overlapped_is_one_gather(tmp_path: Path) -> None:
 def test_a_slot_left_odd_is_read_under_the_lock(tmp_path: Path) -> None:
     v = SlotVersions(tmp_path / "versions.bin", 8)
     table = torch.arange(8.0)
-    v.begin(3)  # a writer died between its marks: slot 3 stays odd
+    v.begin(WriteTarget.one(3))  # a writer died between its marks: slot 3 stays odd
     taken = []
 
     @contextlib.contextmanager

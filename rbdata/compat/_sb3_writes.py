@@ -28,7 +28,7 @@ import numpy as np
 import torch
 
 from rbdata._layout import Layout, nest
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
@@ -219,15 +219,15 @@ class StepWriter:
     def _commit(self, storage: Storage, pos: int) -> None:
         n = self.n_envs
         if n == 1:
-            storage.commit(pos, self._step)
+            storage.commit(WriteTarget.one(pos), self._step)
             if self._blank is not None:
-                storage.commit((pos + 1) % self.n_slots, self._blank)
+                storage.commit(WriteTarget.one((pos + 1) % self.n_slots), self._blank)
             return
         start = pos * n
-        storage.commit([slice(start, start + n)], self._step)
+        storage.commit(WriteTarget.of_runs([slice(start, start + n)]), self._step)
         if self._blank is not None:
             start = (pos + 1) % self.n_slots * n
-            storage.commit([slice(start, start + n)], self._blank)
+            storage.commit(WriteTarget.of_runs([slice(start, start + n)]), self._blank)
 
     def _reshape(self, value: Any, name: str) -> np.ndarray[Any, Any]:
         try:

@@ -9,7 +9,7 @@ from rbdata.storages._describe import (
     storage_kinds,
 )
 from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.base import Codec, Prepared, Storage
+from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
 from rbdata.storages.convert import convert
 from rbdata.storages.list import ListStorage
 from rbdata.storages.memmap import DirectoryWriter, MemmapStorage
@@ -26,6 +26,7 @@ __all__ = [
     "Storage",
     "StorageInfo",
     "TensorStorage",
+    "WriteTarget",
     "convert",
     "storage_kind",
     "storage_kinds",

@@ -1,12 +1,9 @@
-"""What a storage's two-phase write passes between its phases, and where a batch goes.
+"""What a storage's two-phase write passes between its phases: :class:`Prepared`.
 
-- :class:`Prepared`: validated data ready to be committed (what
-  :meth:`~rbdata.storages.Storage.prepare` returns and :meth:`~rbdata.storages.Storage.commit`
-  writes); writers commit part of a batch with :meth:`Prepared.take`;
-- :func:`write_target`: the index of a batched :meth:`~rbdata.storages.Storage.set`,
-  normalised to runs of slots or a ``LongTensor`` of slots.
-
-Both are re-exported by :mod:`rbdata.storages.base`.
+Validated data ready to be committed (what :meth:`~rbdata.storages.Storage.prepare` returns
+and :meth:`~rbdata.storages.Storage.commit` writes, where a
+:class:`~rbdata.storages.WriteTarget` says); writers commit part of a batch with
+:meth:`Prepared.take`. Re-exported by :mod:`rbdata.storages.base`.
 """
 
 from __future__ import annotations
@@ -19,7 +16,7 @@ import torch
 from rbdata._index import as_index_tensor
 from rbdata._layout import Layout
 
-__all__ = ["Prepared", "write_target"]
+__all__ = ["Prepared"]
 
 
 class Prepared:
@@ -64,42 +61,3 @@ class Prepared:
                 for t in self.payload
             ]
         return Prepared(payload, int(idx.numel()), self.layout, True)
-
-
-def write_target(index: Any, n: int, capacity: int, length: int) -> list[slice] | torch.Tensor:
-    """Where a batch of ``n`` items goes: runs of slots (a list of step-1 slices) or slots.
-
-    ``index`` is what :meth:`~rbdata.storages.Storage.set` was given for a batch: a slice (a
-    negative bound counts from ``length``), a list of slices, or indices (negative ones count
-    from ``length``), all within ``capacity``.
-
-    Raises:
-        ValueError: if ``index`` names other than ``n`` slots.
-        IndexError: a slot outside ``[-length, capacity)``.
-    """
-    cap = capacity
-    if type(index) is slice:  # the common case first: one run
-        lo, hi = index.start, index.stop
-        negative = (lo is not None and lo < 0) or (hi is not None and hi < 0)
-        start, stop, step = index.indices(length if negative else cap)
-        if step != 1:
-            return write_target(torch.arange(start, stop, step), n, capacity, length)
-        stop = max(start, stop)
-        if stop - start != n:
-            raise ValueError(f"index: {stop - start} slots for a batch of {n} items")
-        return [slice(start, stop)]
-    if isinstance(index, list) and index and all(isinstance(s, slice) for s in index):
-        runs = []
-        for run in index:
-            start, stop, step = run.indices(cap)
-            if step != 1:
-                return write_target(torch.arange(start, stop, step), n, capacity, length)
-            runs.append(slice(start, max(start, stop)))
-        count = sum(r.stop - r.start for r in runs)
-        if count != n:
-            raise ValueError(f"index: {count} slots for a batch of {n} items")
-        return runs
-    idx = as_index_tensor(index, cap, "storage", "capacity", negative_base=length)
-    if idx.numel() != n:
-        raise ValueError(f"index: {idx.numel()} slots for a batch of {n} items")
-    return idx

@@ -11,17 +11,17 @@ A storage also owns its persistence: :meth:`Storage.dump`, :meth:`Storage.check_
 :meth:`Storage.copy_from` and :meth:`Storage.describe` are what checkpoints, ``rbdata
 inspect`` and :func:`~rbdata.storages.convert` call (with :meth:`Storage.empty_like`,
 :meth:`Storage.check_layout` and :attr:`Storage.block_rows`); they never look inside a
-storage. The defaults refuse, naming the class.
+storage. The defaults refuse, naming the class; all but ``copy_from`` live in
+``_persist_hooks.py`` (``Storage``'s private base). Where a write goes is a
+:class:`WriteTarget` (``_target.py``), resolved once per write.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 import sys
 from abc import abstractmethod
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any, ClassVar, final
 
 import torch
@@ -31,19 +31,19 @@ from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capac
 from rbdata._layout import Layout
 from rbdata._layout_keys import is_structured
 from rbdata._layout_values import EMPTY_BATCH, stack_items
-from rbdata.errors import CheckpointError
 from rbdata.storages._codec import Codec
 from rbdata.storages._collate import wrap_for_collate
-from rbdata.storages._describe import StorageInfo
-from rbdata.storages._prepared import Prepared, write_target
+from rbdata.storages._persist_hooks import PersistenceHooks
+from rbdata.storages._prepared import Prepared
+from rbdata.storages._target import WriteTarget
 
-__all__ = ["Codec", "Prepared", "Storage", "WriteIndex"]
+__all__ = ["Codec", "Prepared", "Storage", "WriteIndex", "WriteTarget"]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
 
 
-class Storage(Dataset[Any]):
+class Storage(PersistenceHooks, Dataset[Any]):
     """Base class of all storages: a fixed-capacity, map-style dataset of items.
 
     Args:
@@ -69,16 +69,12 @@ class Storage(Dataset[Any]):
     These are called directly, without a wrapper, so an override is the fast path itself.
     The public surface that checks and normalises (``__getitem__``, ``__getitems__``,
     :meth:`set`, :attr:`capacity`, :attr:`device`, :attr:`layout`) is final
-    (``typing.final``, checked by mypy): a storage changes behaviour through its hooks only.
+    (``typing.final``, checked by mypy), and so is every member that no storage overrides:
+    a storage changes behaviour through its hooks only.
     """
 
     #: Set by ``close()`` of storages that can be closed; every public method then raises.
     _closed: bool = False
-    #: The name of this class's on-disk directory format (``rbdata inspect``, dataset
-    #: entries), for classes that own one; ``None`` otherwise.
-    kind: ClassVar[str | None] = None
-    #: The metadata file that marks a directory of :attr:`kind` (``None``: no format).
-    marker_file: ClassVar[str | None] = None
     #: Whether :meth:`~rbdata.storages.Storage.write_row` and
     #: :meth:`~rbdata.storages.Storage.write_rows` write this class's items (for
     #: implementers): a caller holding checked, converted rows (the SB3 adapter) may then
@@ -87,11 +83,8 @@ class Storage(Dataset[Any]):
     #: Declared by each class for itself, never inherited (a subclass may do more per item
     #: in ``commit``): ``False`` unless the class's own body sets it.
     writes_rows: ClassVar[bool] = False
-    #: Whether :meth:`~rbdata.storages.Storage.dump` appends tensors of its own to the
-    #: checkpoint's state tensors (for implementers; a checkpoint writes ``tensors.bin``
-    #: beside the storage only when it does not).
-    dump_adds_tensors: ClassVar[bool] = False
 
+    @final
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "writes_rows" not in cls.__dict__:
@@ -104,6 +97,7 @@ class Storage(Dataset[Any]):
         self._length = 0
         self._next = 0
 
+    @final
     def _check_open(self) -> None:
         """Raise ``ValueError`` if the storage was closed (before anything is touched)."""
         if self._closed:
@@ -226,11 +220,10 @@ class Storage(Dataset[Any]):
                 slot = normalize_int(i, len(self), "storage", "length")
             else:
                 slot = normalize_int(i, self.capacity, "storage", "capacity")
-            self.commit(slot, prepared)
+            self.commit(WriteTarget.one(slot), prepared)
             return
         prepared = self.prepare(data, batched=True)
-        target = self._write_target(index, prepared.n)
-        self.commit(target, prepared)
+        self.commit(WriteTarget.resolve(index, prepared.n, self.capacity, len(self)), prepared)
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments that rebuild an empty storage like this one (checkpoints)."""
@@ -241,82 +234,6 @@ class Storage(Dataset[Any]):
         self._check_open()
         self._set_length(0)
         self._set_next(0)
-
-    # --- persistence (for implementers): checkpoints, state dicts, ``rbdata inspect`` -----
-    # Each storage class owns how it is saved and read back; rbdata.checkpoint, ``rbdata
-    # inspect`` and the converters call these hooks and never look inside a storage. The
-    # defaults refuse: a storage class is checkpointable once it implements them.
-    def dump(
-        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
-    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
-        """Save this storage into a checkpoint: files under ``directory``, or a JSON state.
-
-        Args:
-            directory: where the storage's files go (not created yet; a storage that keeps
-                its data in the returned state creates nothing).
-            codec: encodes values that are not JSON (tensors go to ``tensors``).
-            tensors: the checkpoint's tensor list (saved with it).
-            fsync: fsync every file written.
-
-        Returns:
-            The JSON state that :meth:`check_dump` and :meth:`restore` read back, and the
-            checksum entries of the files written (names relative to ``directory``).
-
-        Raises:
-            TypeError: if this class cannot be checkpointed.
-        """
-        raise self._not_persisted()
-
-    @classmethod
-    def check_dump(
-        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
-    ) -> Any:
-        """Check what :meth:`dump` wrote before anything is allocated, mapped or copied.
-
-        Every count, size and file name is checked against the metadata and the files
-        present (plain files inside ``directory``, no symlink). ``meta_file`` (the
-        checkpoint's metadata file) starts the messages about fields of ``config`` and
-        ``state``.
-
-        Returns:
-            A plan for :meth:`restore`: a tuple whose first item is the capacity.
-
-        Raises:
-            rbdata.errors.CheckpointError: naming the file and the field that is wrong.
-        """
-        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
-
-    @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> Storage:
-        """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned ``plan``).
-
-        The new storage never writes into ``directory``: it maps it copy-on-write or copies
-        it. ``tensors`` are the checkpoint's, for ``codec`` to decode the state.
-
-        Raises:
-            rbdata.errors.CheckpointError: if the data contradicts the metadata.
-        """
-        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
-
-    def dump_state(self, codec: Codec) -> dict[str, Any]:
-        """This storage as tensors and plain values (``torch.load(weights_only=True)``-able).
-
-        What :meth:`from_state` rebuilds it from (``ReplayBuffer.state_dict``).
-        """
-        raise self._not_persisted()
-
-    @classmethod
-    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> Storage:
-        """Rebuild a storage from :meth:`dump_state` (in memory, or a directory of its own)."""
-        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
 
     def copy_from(self, src: Storage) -> None:
         """Make this storage hold exactly what ``src`` (same class and capacity) holds.
@@ -333,74 +250,9 @@ class Storage(Dataset[Any]):
         self._set_length(n)
         self._set_next(src.next_slot)
 
-    # --- conversion between on-disk formats (for implementers; see convert) -------------
-    @property
-    def block_rows(self) -> int | None:
-        """The rows a bulk copy should read or write at once (``None``: no preference)."""
-        return None
-
-    @classmethod
-    def check_layout(cls, layout: Layout) -> None:
-        """Refuse, before anything is created, a layout this class cannot store.
-
-        Raises:
-            TypeError: naming the key and what it holds (the default accepts any layout).
-        """
-
-    @classmethod
-    def empty_like(
-        cls, src: Storage, path: str | os.PathLike[str] | None = None, block_rows: int | None = None
-    ) -> Storage:
-        """A new, empty storage of this class to copy ``src`` into (its capacity, at ``path``).
-
-        Options of ``src`` that this class shares are kept (an Arrow storage's chunk size
-        and ragged keys); ``block_rows``, if given, is the rows per chunk of the new storage.
-
-        Raises:
-            TypeError: if this class cannot be a copy's destination.
-        """
-        raise TypeError(f"{cls.__name__} cannot be made from another storage")
-
     def flush(self) -> None:
         """Write every item to the storage's files, durably (nothing to do in memory)."""
         self._check_open()
-
-    @classmethod
-    def describe(
-        cls,
-        directory: Path,
-        config: dict[str, Any] | None = None,
-        state: Any = None,
-        meta_file: Path | None = None,
-    ) -> tuple[StorageInfo, list[str]]:
-        """What a dumped storage holds, from its metadata only (``rbdata inspect``).
-
-        Data files are never opened or mapped, only their sizes taken; no symlink is
-        followed; nothing is written.
-
-        Args:
-            directory: the storage's directory (a storage directory of :attr:`kind`, or
-                the directory that :meth:`dump` wrote).
-            config: the constructor config saved with a checkpoint, if any.
-            state: the state that :meth:`dump` returned, if any.
-            meta_file: the checkpoint's metadata file, for messages.
-
-        Returns:
-            The summary, and the problems found (missing or mis-sized files) that do not
-            stop the metadata from being read.
-
-        Raises:
-            ValueError: if the metadata itself is unreadable or corrupt (a
-                :class:`~rbdata.errors.CheckpointError` for a checkpoint's).
-        """
-        raise CheckpointError(f"no description rule for storage class {cls.__name__}")
-
-    @classmethod
-    def _not_persisted(cls) -> TypeError:
-        return TypeError(
-            f"cannot checkpoint a {cls.__name__}: checkpoints know TensorStorage, "
-            "MemmapStorage, ArrowStorage and ListStorage (and their subclasses)"
-        )
 
     # --- two-phase writes ----------------------------------------------------------------
     def prepare(self, data: Any, batched: bool) -> Prepared:
@@ -428,30 +280,20 @@ class Storage(Dataset[Any]):
         tensors, n = layout.split(data, batched, self._payload_device(), self._densify)
         return Prepared(tensors, n, layout, batched)
 
-    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
-        """Write prepared data at a normalised index (int slot, runs of slices, or LongTensor)."""
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
+        """Write prepared data where ``target`` says (one item, runs of slots, or slots)."""
         self._check_open()
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)
-        if isinstance(index, int):
-            self._write_one(index, prepared.payload)
-            top = last = index + 1
-        elif isinstance(index, list):
-            self._write(index, prepared.payload)
-            top = index[0].stop if len(index) == 1 else max((r.stop for r in index), default=0)
-            last = index[-1].stop if index else self.next_slot
+        if target.item:
+            self._write_one(target.first, prepared.payload)
         else:
-            self._write(index, prepared.payload)
-            top = int(index.max()) + 1 if index.numel() else 0
-            last = int(index[-1]) + 1 if index.numel() else self.next_slot
-        if top > len(self):
-            self._set_length(top)
-        self._set_next(last % self.capacity)
+            self._write(target, prepared.payload)
+        if target.top > len(self):
+            self._set_length(target.top)
+        self._set_next(target.next_slot(self.capacity, self.next_slot))
 
-    def _write_target(self, index: Any, n: int) -> list[slice] | torch.Tensor:
-        """``index`` of a batched :meth:`set` of ``n`` items, normalised (see ``_prepared.py``)."""
-        return write_target(index, n, self.capacity, len(self))
-
+    @final
     def _ensure_layout(self, layout: Layout) -> None:
         """Allocate for ``layout`` and fix it, unless a layout is fixed already."""
         if self._layout is None:
@@ -484,8 +326,8 @@ class Storage(Dataset[Any]):
         """Allocate memory for ``capacity`` items of ``layout`` (called on the first write)."""
 
     @abstractmethod
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        """Write a validated batch to contiguous runs or to a LongTensor of slots."""
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:
+        """Write a validated batch where ``target`` says (contiguous runs, or slots)."""
 
     @abstractmethod
     def _write_one(self, index: int, payload: list[Any]) -> None:

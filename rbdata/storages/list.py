@@ -14,7 +14,7 @@ from rbdata._layout import Layout
 from rbdata._layout_keys import is_structured
 from rbdata.storages import _list_persist
 from rbdata.storages._describe import StorageInfo
-from rbdata.storages.base import Codec, Prepared, Storage
+from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
 
 __all__ = ["ListStorage"]
 
@@ -114,11 +114,11 @@ class ListStorage(Storage):
             return bool(data) and is_structured(data[0])
         return is_structured(data)
 
-    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
         """Write prepared data; the first write of non-tensor objects fixes the object mode."""
         if self._layout is None and prepared.layout is None and prepared.n:
             self._objects = True
-        super().commit(index, prepared)
+        super().commit(target, prepared)
         if self._item_device is None and prepared.layout is not None and prepared.payload:
             self._item_device = prepared.payload[0].device
 
@@ -135,11 +135,6 @@ class ListStorage(Storage):
             return [casted]
         return [[t[j] for t in casted] for j in range(n)]
 
-    def _positions(self, index: list[slice] | torch.Tensor) -> list[int]:
-        if isinstance(index, list):
-            return [i for run in index for i in range(run.start, run.stop)]
-        return index.tolist()
-
     def _put(self, positions: list[int], rows: list[Any]) -> None:
         items = self._items
         if len(items) < self.capacity:
@@ -147,8 +142,8 @@ class ListStorage(Storage):
         for p, row in zip(positions, rows, strict=True):
             items[p] = row
 
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        positions = self._positions(index)
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:
+        positions = target.positions()
         self._put(positions, self._rows(payload, len(positions), batched=True))
 
     def _write_one(self, index: int, payload: list[Any]) -> None:

@@ -15,7 +15,7 @@ from rbdata._torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl
 from rbdata.storages import _memory
 from rbdata.storages._staging import same_device, to_device
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
-from rbdata.storages.base import Codec, Prepared, Storage
+from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
 
 if TYPE_CHECKING:
     from rbdata.storages._describe import StorageInfo
@@ -170,21 +170,23 @@ class TensorStorage(Storage):
             ]
         return prepared
 
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:
         buffers = self._tensors()
-        if isinstance(index, list):
-            if len(index) == 1:
-                run = index[0]
+        runs = target.runs
+        if runs is not None:
+            if len(runs) == 1:
+                run = runs[0]
                 for buf, t in zip(buffers, payload, strict=True):
                     buf[run].copy_(t)
                 return
             offset = 0
-            for run in index:
+            for run in runs:
                 stop = offset + run.stop - run.start
                 for buf, t in zip(buffers, payload, strict=True):
                     buf[run].copy_(t[offset:stop])
                 offset = stop
             return
+        index = target.slots()
         idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
         for buf, t in zip(buffers, payload, strict=True):
             buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))

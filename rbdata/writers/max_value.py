@@ -15,7 +15,7 @@ import torch
 from rbdata._index import check_capacity
 from rbdata._layout import Key, Layout
 from rbdata._layout_keys import key_name, key_names
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.writers.base import WriteCheck, Writer
 
 __all__ = ["MaxValueWriter", "plan_top_k"]
@@ -301,7 +301,7 @@ class MaxValueWriter(Writer):
         try:
             if check is not None:
                 check(slot, item)
-            storage.commit(slot, prepared)
+            storage.commit(WriteTarget.one(slot), prepared)
         except BaseException:
             if fresh:  # the ranks read at this first write: back to "not read yet"
                 self.reset()
@@ -331,7 +331,7 @@ class MaxValueWriter(Writer):
                 check(slots, data)
             if slots.numel():
                 subset = prepared if rows.numel() == prepared.n else prepared.take(rows)
-                storage.commit(slots, subset)
+                storage.commit(WriteTarget.of_slots(slots), subset)
         except BaseException:
             if fresh:  # the ranks read at this first write: back to "not read yet"
                 self.reset()

@@ -7,8 +7,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._index import ring_runs
-from rbdata.storages.base import Storage
+from rbdata.storages.base import Storage, WriteTarget
 from rbdata.writers.base import WriteCheck, Writer
 
 __all__ = ["RoundRobinWriter"]
@@ -80,7 +79,7 @@ class RoundRobinWriter(Writer):
     ) -> int:
         if check is not None:
             check(index, item)
-        storage.commit(index, prepared)
+        storage.commit(WriteTarget.one(index), prepared)
         nxt = index + 1
         self._cursor = nxt if nxt < storage.capacity else 0
         return index
@@ -126,7 +125,7 @@ class RoundRobinWriter(Writer):
             index.remainder_(capacity)
         if check is not None:
             check(index, data)
-        storage.commit(ring_runs(start, n, capacity), prepared)
+        storage.commit(WriteTarget.ring(start, n, capacity), prepared)
         self._cursor = (start + n) % capacity
         return index
 

@@ -26,6 +26,7 @@ import torch
 
 from rbdata._files import open_nofollow
 from rbdata._layout import STRING, TENSOR, Key
+from rbdata.storages._target import WriteTarget
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_batch, check_views
 from rbdata.storages.arrow._gather import variable_rows
 from rbdata.storages.arrow._items import (
@@ -131,18 +132,17 @@ def open_chunk(storage: ArrowStorage, k: int) -> Chunk:
     return new
 
 
-def write_runs(
-    storage: ArrowStorage, index: list[slice] | torch.Tensor, payload: list[Any]
-) -> None:
-    """Write ``payload`` at ``index``: contiguous runs (slice copies per chunk) or slots."""
+def write_runs(storage: ArrowStorage, target: WriteTarget, payload: list[Any]) -> None:
+    """Write ``payload`` where ``target`` says: runs (slice copies per chunk) or slots."""
     layout = storage._layout
     assert layout is not None
     fixed = fixed_arrays(layout, storage._fixed, payload)
-    if isinstance(index, torch.Tensor):
-        write_slots(storage, index.numpy(), fixed, payload)
+    runs = target.runs
+    if runs is None:
+        write_slots(storage, target.slots_numpy(), fixed, payload)
         return
     cs, offset, leaves = storage.chunk_size, 0, layout.leaves
-    for run in index:  # contiguous runs (a ring writer's path): slice copies per chunk
+    for run in runs:  # contiguous runs (a ring writer's path): slice copies per chunk
         start = run.start
         while start < run.stop:
             k = start // cs

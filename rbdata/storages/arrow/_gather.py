@@ -5,6 +5,7 @@ the chunks' buffers (memory-mapped files or arrays in memory), whose addresses t
 keeps in one ``[fixed leaf, chunk]`` table (:func:`chunk_addresses`); the kernel reads the
 table, never a Python object per row. String and ragged leaves are taken per chunk
 (:func:`gather_variable`): from the sealed chunk's Arrow column, or the open chunk's lists.
+:func:`gather_items` (``ArrowStorage.gather``) puts the two together, in layout order.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ if TYPE_CHECKING:
     from rbdata.storages.arrow._chunks import Chunk
     from rbdata.storages.arrow.storage import ArrowStorage
 
-__all__ = ["chunk_addresses", "chunk_column", "gather_rows", "gather_variable", "variable_rows"]
+__all__ = ["chunk_addresses", "chunk_column", "gather_items", "gather_rows", "gather_variable"]
+__all__ += ["variable_rows"]
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
@@ -142,3 +144,40 @@ def chunk_column(storage: ArrowStorage, key: str | Key, chunk: int) -> Any:
             return torch.from_numpy(view)
     j = storage._variable.index(pos)
     return variable_rows(c, j, pos, layout.leaves[pos], np.arange(rows))
+
+
+def gather_items(
+    storage: ArrowStorage, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None
+) -> Any:
+    """``storage.gather``: the items at ``idx``, fixed-shape leaves by one kernel call."""
+    storage._check_open()  # the chunks are unmapped: the gather kernel would read address 0
+    layout = storage._layout
+    if layout is None:
+        raise IndexError("the storage is empty")
+    n = int(idx.shape[0])
+    slots = idx.numpy()
+    if not slots.flags.c_contiguous:
+        slots = np.ascontiguousarray(slots)
+    outputs: list[Any] = []
+    if storage._fixed:
+        if storage._addresses is None:
+            n_chunks = -(-storage._length // storage.chunk_size)
+            storage._addresses = chunk_addresses(storage._chunks, len(storage._fixed), n_chunks)
+        outputs = [torch.empty((n, *shape), dtype=dtype) for shape, dtype in storage._specs]
+        gather_rows(
+            storage._addresses,
+            storage.chunk_size,
+            slots,
+            storage._row_bytes,
+            np.array([out.data_ptr() for out in outputs], dtype=np.int64),
+        )
+    if storage._variable:  # back to layout order
+        leaves = layout.leaves
+        fixed, outputs = outputs, [None] * len(leaves)
+        for pos, out in zip(storage._fixed, fixed, strict=True):
+            outputs[pos] = out
+        for j, pos in enumerate(storage._variable):
+            outputs[pos] = gather_variable(
+                storage._chunks, storage.chunk_size, leaves[pos], j, pos, slots
+            )
+    return layout.assemble(outputs, torch.Size((n,)), storage.device, extra)

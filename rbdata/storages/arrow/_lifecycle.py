@@ -2,7 +2,8 @@
 
 :func:`read_dir` checks a storage directory before :meth:`ArrowStorage.open` allocates
 anything: the metadata file (``_rbdata.json``: every field, type and range) and the chunk
-files it names; :func:`write_meta` publishes the metadata (atomically: a temporary file, then
+files it names; :func:`reopen` (what ``open`` runs) then maps the chunks and replays the
+journal; :func:`write_meta` publishes the metadata (atomically: a temporary file, then
 ``os.replace``).
 
 **A storage dropped without** ``close()`` **writes its rows out.**
@@ -45,13 +46,17 @@ from typing import TYPE_CHECKING, Any
 
 from rbdata._files import check_dir, inside, open_nofollow
 from rbdata.storages.arrow._checks import check_meta, parse_meta
-from rbdata.storages.arrow._chunks import chunk_file
+from rbdata.storages.arrow._chunks import chunk_file, map_chunk
+from rbdata.storages.arrow._items import load_pyarrow
+from rbdata.storages.arrow._journal import Journal, read_journal
+from rbdata.storages.arrow._records import replay
+from rbdata.storages.base import Storage
 
 if TYPE_CHECKING:
     from rbdata.storages.arrow.storage import ArrowStorage
 
 __all__ = ["FORMAT", "MAX_META_BYTES", "META_FILE", "VERSION", "flush_when_dropped"]
-__all__ += ["read_dir", "write_meta"]
+__all__ += ["read_dir", "reopen", "write_meta"]
 
 #: the metadata file of an Arrow storage directory
 META_FILE = "_rbdata.json"
@@ -147,3 +152,38 @@ def _flush_dropped(cls: type[Any], state: dict[str, Any]) -> None:
             RuntimeWarning,
             stacklevel=1,
         )
+
+
+def reopen(cls: type[ArrowStorage], path: str | os.PathLike[str], recover: bool) -> ArrowStorage:
+    """``ArrowStorage.open``: check the directory, map its chunks, replay the journal."""
+    pa = load_pyarrow()
+    root, meta, files = read_dir(path)
+    length, cs = meta["length"], meta["chunk_size"]
+    storage = cls.__new__(cls)
+    Storage.__init__(storage, meta["capacity"], device="cpu")
+    storage.chunk_size = cs
+    storage._ragged = meta["ragged"]
+    storage._finalizer = None
+    storage._path = root
+    storage._init_state()
+    storage._epoch = meta["epoch"]
+    if meta["layout"] is not None:
+        storage._set_layout(meta["layout"])
+    for k, file in enumerate(files):
+        expected = min(cs, length - k * cs)
+        try:
+            chunk = map_chunk(storage, file, k)
+        except (OSError, pa.ArrowException) as err:
+            raise ValueError(f"{file}: not a readable Arrow IPC file ({err})") from err
+        if chunk.rows < expected:
+            raise ValueError(
+                f"{file}: {chunk.rows} rows, expected {expected}; truncated or corrupt"
+            )
+        storage._chunks[k] = chunk
+    storage._length, storage._next = length, meta["next"]
+    if recover:
+        records = read_journal(root, storage._epoch)
+        storage._journal = Journal(root)
+        replay(storage, records)
+        storage._dropped = flush_when_dropped(storage)
+    return storage

@@ -26,7 +26,7 @@ from rbdata.storages.arrow._items import (
     variable_values,
 )
 from rbdata.storages.arrow._journal import JOURNAL_FILE, Journal
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.base import Prepared, Storage, WriteTarget
 
 if TYPE_CHECKING:
     from rbdata.storages.arrow.storage import ArrowStorage
@@ -34,15 +34,11 @@ if TYPE_CHECKING:
 __all__ = ["decode_record", "log_write", "replay"]
 
 
-def log_write(storage: ArrowStorage, journal: Journal, index: Any, prepared: Prepared) -> None:
+def log_write(
+    storage: ArrowStorage, journal: Journal, target: WriteTarget, prepared: Prepared
+) -> None:
     """Append the write to the journal: slots, fixed rows raw, variable rows as Arrow."""
-    if isinstance(index, int):
-        slots = np.array([index], dtype=np.int64)
-    elif isinstance(index, list):
-        runs = [np.arange(r.start, r.stop, dtype=np.int64) for r in index]
-        slots = np.concatenate(runs) if runs else np.zeros(0, np.int64)
-    else:
-        slots = np.ascontiguousarray(index.numpy(), dtype=np.int64)
+    slots = target.slots_numpy()
     n = len(slots)
     if not n:
         return
@@ -128,7 +124,8 @@ def replay(storage: ArrowStorage, records: list[tuple[int, memoryview]]) -> None
     try:
         for n, body in records:
             slots, payload = decode_record(storage, n, body)
-            Storage.commit(storage, slots, Prepared(payload, n, layout, True))
+            target = WriteTarget.of_slots(slots)
+            Storage.commit(storage, target, Prepared(payload, n, layout, True))
             seal_left(storage)
     finally:
         storage._replaying = False

@@ -66,31 +66,14 @@ from rbdata._files import check_dir, storage_dir
 from rbdata._index import check_capacity
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_ragged
-from rbdata.storages.arrow._chunks import (
-    Chunk,
-    map_chunk,
-    open_chunk,
-    seal,
-    seal_left,
-    write_one,
-    write_runs,
-)
-from rbdata.storages.arrow._gather import (
-    chunk_addresses,
-    chunk_column,
-    gather_rows,
-    gather_variable,
-)
-from rbdata.storages.arrow._items import (
-    is_item_list,
-    load_pyarrow,
-    stack_variable_items,
-)
-from rbdata.storages.arrow._journal import Journal, read_journal
-from rbdata.storages.arrow._lifecycle import flush_when_dropped, read_dir, write_meta
+from rbdata.storages.arrow._chunks import Chunk, open_chunk, seal, seal_left, write_one, write_runs
+from rbdata.storages.arrow._gather import chunk_column, gather_items
+from rbdata.storages.arrow._items import is_item_list, load_pyarrow, stack_variable_items
+from rbdata.storages.arrow._journal import Journal
+from rbdata.storages.arrow._lifecycle import flush_when_dropped, reopen, write_meta
 from rbdata.storages.arrow._persist import ArrowFiles
-from rbdata.storages.arrow._records import log_write, replay
-from rbdata.storages.base import Prepared, Storage
+from rbdata.storages.arrow._records import log_write
+from rbdata.storages.base import Prepared, WriteTarget
 
 __all__ = ["ArrowStorage"]
 
@@ -200,37 +183,7 @@ class ArrowStorage(ArrowFiles):
             FileNotFoundError: if ``path`` or its metadata file does not exist.
             ValueError: for a symlinked directory or file, or corrupt metadata or chunks.
         """
-        pa = load_pyarrow()
-        root, meta, files = read_dir(path)
-        length, cs = meta["length"], meta["chunk_size"]
-        self = cls.__new__(cls)
-        Storage.__init__(self, meta["capacity"], device="cpu")
-        self.chunk_size = cs
-        self._ragged = meta["ragged"]
-        self._finalizer = None
-        self._path = root
-        self._init_state()
-        self._epoch = meta["epoch"]
-        if meta["layout"] is not None:
-            self._set_layout(meta["layout"])
-        for k, file in enumerate(files):
-            expected = min(cs, length - k * cs)
-            try:
-                chunk = map_chunk(self, file, k)
-            except (OSError, pa.ArrowException) as err:
-                raise ValueError(f"{file}: not a readable Arrow IPC file ({err})") from err
-            if chunk.rows < expected:
-                raise ValueError(
-                    f"{file}: {chunk.rows} rows, expected {expected}; truncated or corrupt"
-                )
-            self._chunks[k] = chunk
-        self._length, self._next = length, meta["next"]
-        if recover:
-            records = read_journal(root, self._epoch)
-            self._journal = Journal(root)
-            replay(self, records)
-            self._dropped = flush_when_dropped(self)
-        return self
+        return reopen(cls, path, recover)
 
     def flush(self) -> None:
         """Write every row to the chunk files and the metadata, fsync'ed (then plain Arrow)."""
@@ -319,37 +272,7 @@ class ArrowStorage(ArrowFiles):
 
     def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """The items at ``idx``: the fixed-shape leaves copied by one kernel over the chunks."""
-        self._check_open()  # the chunks are unmapped: the gather kernel would read address 0
-        layout = self._layout
-        if layout is None:
-            raise IndexError("the storage is empty")
-        n = int(idx.shape[0])
-        slots = idx.numpy()
-        if not slots.flags.c_contiguous:
-            slots = np.ascontiguousarray(slots)
-        outputs: list[Any] = []
-        if self._fixed:
-            if self._addresses is None:
-                n_chunks = -(-self._length // self.chunk_size)
-                self._addresses = chunk_addresses(self._chunks, len(self._fixed), n_chunks)
-            outputs = [torch.empty((n, *shape), dtype=dtype) for shape, dtype in self._specs]
-            gather_rows(
-                self._addresses,
-                self.chunk_size,
-                slots,
-                self._row_bytes,
-                np.array([out.data_ptr() for out in outputs], dtype=np.int64),
-            )
-        if self._variable:  # back to layout order
-            leaves = layout.leaves
-            fixed, outputs = outputs, [None] * len(leaves)
-            for pos, out in zip(self._fixed, fixed, strict=True):
-                outputs[pos] = out
-            for j, pos in enumerate(self._variable):
-                outputs[pos] = gather_variable(
-                    self._chunks, self.chunk_size, leaves[pos], j, pos, slots
-                )
-        return layout.assemble(outputs, torch.Size((n,)), self.device, extra)
+        return gather_items(self, idx, extra)
 
     def _get(self, index: int) -> Any:
         batch = self.gather(torch.tensor([index]), None)
@@ -407,7 +330,7 @@ class ArrowStorage(ArrowFiles):
         self._set_layout(layout)
         write_meta(self)
 
-    def commit(self, index: int | list[slice] | torch.Tensor, prepared: Prepared) -> None:
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
         """Journal the write, apply it, then write back every chunk the cursor has left."""
         self._check_open()
         if self._owner_pid != os.getpid():
@@ -422,8 +345,8 @@ class ArrowStorage(ArrowFiles):
             self._ensure_layout(prepared.layout)  # the metadata names the layout first
         journal = self._journal
         if journal is not None and not self._replaying:
-            log_write(self, journal, index, prepared)
-        super().commit(index, prepared)
+            log_write(self, journal, target, prepared)
+        super().commit(target, prepared)
         seal_left(self)
         if journal is not None and journal.size > _JOURNAL_LIMIT:
             self._sync(fsync=False)  # a kill keeps the page cache: no wait for the disk
@@ -438,8 +361,8 @@ class ArrowStorage(ArrowFiles):
             self._chunks = {}
             self._addresses = None
 
-    def _write(self, index: list[slice] | torch.Tensor, payload: list[Any]) -> None:
-        write_runs(self, index, payload)
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:
+        write_runs(self, target, payload)
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         write_one(self, index, payload)

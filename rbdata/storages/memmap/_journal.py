@@ -30,6 +30,7 @@ import numpy as np
 import torch
 
 from rbdata._layout import Layout
+from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._header import Header
 from rbdata.storages.memmap._journal_format import (
     COMMITTED,
@@ -278,8 +279,8 @@ class Journal:
         self._q[1] = 0
 
     # --- reading -------------------------------------------------------------------------
-    def read(self) -> tuple[int, Any, int, int, int, Plan]:
-        """Validate the committed transaction; return ``kind, slots, rows, length, next, views``.
+    def read(self) -> tuple[int, WriteTarget, int, int, int, Plan]:
+        """Validate the committed transaction; return ``kind, target, rows, length, next, views``.
 
         Raises:
             ValueError: naming the journal and the field that is out of range.
@@ -318,11 +319,11 @@ class Journal:
             runs = slots.reshape(-1, 2).tolist()
             if any(not 0 <= a <= b <= cap for a, b in runs) or sum(b - a for a, b in runs) != rows:
                 raise ValueError(f"{where}: journal runs out of range or not {rows} rows")
-            out: Any = [slice(a, b) for a, b in runs]
+            out = WriteTarget.of_runs([slice(a, b) for a, b in runs])
         else:
             if count != rows or (count and (slots.min() < 0 or slots.max() >= cap)):
                 raise ValueError(f"{where}: journal slots out of range [0, {cap})")
-            out = torch.from_numpy(slots.copy())
+            out = WriteTarget.of_slots(torch.from_numpy(slots.copy()))
         return kind, out, rows, length, nxt, self.plan(rows)
 
     def replay_if_orphaned(self, apply: Any) -> bool:

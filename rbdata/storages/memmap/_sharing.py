@@ -16,9 +16,8 @@ import weakref
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-import torch
-
 from rbdata._files import inside
+from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._shared import SharedState
 from rbdata.storages.memmap._versions import VERSIONS_FILE, SlotVersions
 
@@ -78,9 +77,7 @@ def write_lock(storage: MemmapStorage) -> Iterator[None]:
             state.unlock()
 
 
-def marks(
-    storage: MemmapStorage, index: int | list[slice] | torch.Tensor
-) -> contextlib.AbstractContextManager[Any]:
-    """The version marks of a write of ``index`` (shared storages; else nothing)."""
+def marks(storage: MemmapStorage, target: WriteTarget) -> contextlib.AbstractContextManager[Any]:
+    """The version marks of a write of ``target`` (shared storages; else nothing)."""
     versions = storage._versions if storage._shared else None
-    return contextlib.nullcontext() if versions is None else versions.writing(index)
+    return contextlib.nullcontext() if versions is None else versions.writing(target)

@@ -36,9 +36,10 @@ import numpy as np
 import torch
 
 from rbdata._numba import fence
+from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._rawfile import open_fd, regular_size
 
-__all__ = ["VERSIONS_FILE", "SlotVersions", "barrier", "consistent_rows", "slots_of"]
+__all__ = ["VERSIONS_FILE", "SlotVersions", "barrier", "consistent_rows"]
 
 TRIES = 16  #: lock-free re-reads of the rows that raced a write, before one under the lock
 
@@ -98,15 +99,6 @@ def _changed(
     return bad[: _nb_changed(words, slots, before, bad)]
 
 
-def slots_of(index: int | list[slice] | torch.Tensor) -> list[slice] | np.ndarray[Any, Any]:
-    """A normalised write index as runs (``list[slice]``) or an int64 array of slots."""
-    if isinstance(index, int):
-        return [slice(index, index + 1)]
-    if isinstance(index, list):
-        return index
-    return index.detach().cpu().reshape(-1).numpy()
-
-
 class SlotVersions:
     """The version words of ``capacity`` slots, mapped shared from ``path``.
 
@@ -140,40 +132,34 @@ class SlotVersions:
         #: its gather overlapped no write (the common case: no per-slot check needed)
         self.stamp_word: np.ndarray[Any, Any] = every[capacity:]
 
-    def begin(self, index: int | list[slice] | torch.Tensor) -> list[slice] | np.ndarray[Any, Any]:
-        """Mark the slots of ``index`` as being written (odd); returns them for :meth:`end`."""
-        slots = slots_of(index)
+    def begin(self, target: WriteTarget) -> list[Any]:
+        """Mark the slots of ``target`` as being written (odd); returns them for :meth:`end`."""
+        marks = target.selectors()  # runs as slices, or one array of slots
         self.stamp_word |= 1
         barrier()
         w = self.words
-        if isinstance(slots, list):
-            for run in slots:
-                w[run] |= 1
-        else:
-            w[slots] |= 1
+        for where in marks:
+            w[where] |= 1
         barrier()  # the marks are visible before any row changes
-        return slots
+        return marks
 
-    def end(self, slots: list[slice] | np.ndarray[Any, Any]) -> None:
-        """Mark ``slots`` (from :meth:`begin`) written: the next even version."""
+    def end(self, marks: list[Any]) -> None:
+        """Mark the slots :meth:`begin` returned as written: the next even version."""
         barrier()  # every row is written before the marks change
         w = self.words
-        if isinstance(slots, list):
-            for run in slots:
-                w[run] = (w[run] | 1) + 1
-        else:
-            w[slots] = (w[slots] | 1) + 1
+        for where in marks:
+            w[where] = (w[where] | 1) + 1
         barrier()
         self.stamp_word[:] = (self.stamp_word | 1) + 1
 
     @contextlib.contextmanager
-    def writing(self, index: int | list[slice] | torch.Tensor) -> Iterator[None]:
+    def writing(self, target: WriteTarget) -> Iterator[None]:
         """:meth:`begin` on entry, :meth:`end` on exit (an error included): a write's marks."""
-        slots = self.begin(index)
+        marks = self.begin(target)
         try:
             yield
         finally:
-            self.end(slots)
+            self.end(marks)
 
     def stamp(self) -> int:
         """The storage-wide stamp: odd while a write is in progress, raised by each write."""

@@ -22,6 +22,7 @@ import torch
 
 from rbdata._files import inside
 from rbdata._index import ring_runs
+from rbdata.storages._target import WriteTarget
 from rbdata.storages._unpack import numpy_views
 from rbdata.storages.base import Prepared
 from rbdata.storages.memmap._directory import JOURNAL_FILE
@@ -43,10 +44,8 @@ __all__ = [
 ]
 
 
-def commit(
-    storage: MemmapStorage, index: int | list[slice] | torch.Tensor, prepared: Prepared
-) -> None:
-    """Write prepared data at a normalised index, atomically (see ``memmap/storage.py``)."""
+def commit(storage: MemmapStorage, target: WriteTarget, prepared: Prepared) -> None:
+    """Write prepared data where ``target`` says, atomically (see ``memmap/storage.py``)."""
     storage._check_open()
     if prepared.layout is not None:
         # a shared storage: fixed by another process since this one prepared the data?
@@ -62,29 +61,18 @@ def commit(
         storage._ensure_layout(prepared.layout)
     header = storage._header
     length = len(storage)
-    if isinstance(index, int):
-        top = last = index + 1
-        live = index < length
-        rows = 1
-    elif isinstance(index, list):
-        top = max((run.stop for run in index), default=0)
-        last = index[-1].stop if index else header.next
-        live = any(run.start < min(run.stop, length) for run in index)
-        rows = sum(run.stop - run.start for run in index)
-    else:
-        rows = count = index.numel()
-        top = int(index.max()) + 1 if count else 0
-        last = int(index[-1]) + 1 if count else header.next
-        live = bool(count) and int(index.min()) < length
-    new_length, new_next = max(length, top), last % storage.capacity
-    with storage._marks(index):  # shared: readers re-read these slots meanwhile
+    rows = target.n
+    new_length = max(length, target.top)
+    new_next = target.next_slot(storage.capacity, header.next)
+    live = target.touches(length)
+    with storage._marks(target):  # shared: readers re-read these slots meanwhile
         if live and not storage._private:
-            storage._journaled(index, prepared.payload, new_length, new_next)
+            storage._journaled(target, prepared.payload, new_length, new_next)
         else:
-            if isinstance(index, int):
-                storage._write_one(index, prepared.payload)
+            if target.item:
+                storage._write_one(target.first, prepared.payload)
             else:
-                storage._write(index, prepared.payload)
+                storage._write(target, prepared.payload)
             header.publish(new_length, new_next)
     before = storage._state.count(rows)  # counted after the header is published
     storage._last_write = (before, before + rows)
@@ -196,32 +184,24 @@ def ready_journal(storage: MemmapStorage) -> Journal:
 
 
 def journaled(
-    storage: MemmapStorage,
-    index: int | list[slice] | torch.Tensor,
-    payload: list[Any],
-    length: int,
-    nxt: int,
+    storage: MemmapStorage, target: WriteTarget, payload: list[Any], length: int, nxt: int
 ) -> None:
     journal = storage._ready_journal()
     arrays = storage._views()
-    if type(index) is int and arrays is not None:  # one item (add): the numpy path
+    one = target.item
+    if one and arrays is not None:  # one item (add): the numpy path
         values = numpy_views(payload)
         own = not storage._shared  # shared: another process may have written the journal
         if values is not None and journal.write_one(
-            arrays, values, index, length, nxt, storage._header, own=own
+            arrays, values, target.first, length, nxt, storage._header, own=own
         ):
             return
     slots: list[int] | torch.Tensor
-    target: list[slice] | torch.Tensor
-    if isinstance(index, int):
-        kind, rows, slots, target = 0, 1, [index, index + 1], [slice(index, index + 1)]
-    elif isinstance(index, list):
-        kind, rows, target = 0, sum(run.stop - run.start for run in index), index
-        slots = [v for run in index for v in (run.start, run.stop)]
+    if target.runs is not None:
+        kind, slots = 0, target.bounds()
     else:
-        kind, rows, slots, target = 1, int(index.numel()), index.to(torch.int64), index
-    plan = journal.begin(kind, slots, rows, length, nxt)
-    one = isinstance(index, int)
+        kind, slots = 1, target.slots().to(torch.int64)
+    plan = journal.begin(kind, slots, target.n, length, nxt)
     for tview, nview, t in zip(plan.tviews, plan.nviews, payload, strict=True):
         # casts, densifies, moves: may raise, nothing is committed yet
         if nview is not None and type(t) is torch.Tensor and not t.requires_grad:
@@ -233,14 +213,14 @@ def journaled(
         with torch.no_grad():
             tview.copy_(t.unsqueeze(0) if one else t)
     journal.commit(plan, len(slots))
-    storage._apply(kind, target, rows, length, nxt, plan)
+    storage._apply(kind, target, target.n, length, nxt, plan)
     journal.clear()
 
 
 def apply(
     storage: MemmapStorage,
     kind: int,
-    index: list[slice] | torch.Tensor,
+    target: WriteTarget,
     rows: int,
     length: int,
     nxt: int,
@@ -250,9 +230,10 @@ def apply(
     del kind, rows
     arrays = storage._views()
     buffers = storage._tensors()
-    if isinstance(index, list):
+    runs = target.runs
+    if runs is not None:
         offset = 0
-        for run in index:
+        for run in runs:
             start, stop = run.start, run.stop
             end = offset + stop - start
             if arrays is not None and plan.numpy:
@@ -263,6 +244,7 @@ def apply(
                     buf[start:stop].copy_(tview[offset:end])
             offset = end
     else:
+        index = target.slots()
         for buf, tview in zip(buffers, plan.tviews, strict=True):
             buf.index_copy_(0, index, tview)
     storage._header.publish(length, nxt)
