@@ -175,9 +175,8 @@ class TensorStorage(Storage):
         runs = target.runs
         if runs is not None:
             if len(runs) == 1:
-                run = runs[0]
                 for buf, t in zip(buffers, payload, strict=True):
-                    buf[run].copy_(t)
+                    buf[runs[0]].copy_(t)
                 return
             offset = 0
             for run in runs:
