@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import os
 import socket
 from typing import Any
@@ -21,6 +22,29 @@ def _no_proxy_for_loopback(monkeypatch: pytest.MonkeyPatch) -> None:
     # servers (and subprocesses started with os.environ) must be reached directly.
     for name in ("no_proxy", "NO_PROXY"):
         monkeypatch.setenv(name, "127.0.0.1,localhost")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Any:
+    """A test (or a docs page it runs) that sets an environment variable leaves no trace."""
+    saved = dict(os.environ)
+    yield
+    if dict(os.environ) != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
+@pytest.fixture
+def collect_pipelines() -> Any:
+    """Collect the pipelines a test left behind, here, in the main thread.
+
+    torchdata's threaded iterators sit in reference cycles; collected later by a garbage
+    collection that happens to run in one of their own worker threads, their ``__del__`` tries
+    to join that thread ("cannot join current thread"), an unraisable error that pytest
+    reports against whatever test runs then. Used by the modules that build pipelines.
+    """
+    yield
+    gc.collect()
 
 
 @pytest.fixture

@@ -21,6 +21,8 @@ from rbdata import MixedBuffer, PrioritizedSampler, ReplayBuffer, TensorStorage,
 from rbdata.errors import CheckpointError
 from rbdata.nodes import BufferSource
 
+pytestmark = pytest.mark.usefixtures("collect_pipelines")
+
 
 @pytest.fixture(scope="module")
 def root(tmp_path_factory: pytest.TempPathFactory) -> Path:

@@ -6,7 +6,6 @@ sampled directly (``rb.sample``, ``iter(rb)``), or ``DataLoader(storage, batch_s
 
 from __future__ import annotations
 
-import gc
 import io
 import itertools
 import threading
@@ -32,18 +31,7 @@ from rbdata import (
 )
 from rbdata.nodes import BufferSource
 
-
-@pytest.fixture(autouse=True)
-def _collect_pipelines() -> Any:
-    """Collect the pipelines a test left behind, here, in the main thread.
-
-    torchdata's threaded iterators sit in reference cycles; collected later by a garbage
-    collection that happens to run in one of their own worker threads, their ``__del__`` tries
-    to join that thread ("cannot join current thread"), an unraisable error that pytest
-    reports against whatever test runs then.
-    """
-    yield
-    gc.collect()
+pytestmark = pytest.mark.usefixtures("collect_pipelines")
 
 
 N, CAPACITY, BATCH = 60, 128, 8
