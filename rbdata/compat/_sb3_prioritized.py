@@ -7,11 +7,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata.compat._sb3_buffer import (
-    PrioritizedReplayBufferSamples,
-    ReplayBuffer,
-    positive_int,
-)
+from rbdata.compat._sb3_buffer import ReplayBuffer
+from rbdata.compat._sb3_samples import PrioritizedReplayBufferSamples, positive_int
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
@@ -112,7 +109,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().reset()
         self._pending = 0
 
-    def sample(self, batch_size: int, env: Any = None) -> PrioritizedReplayBufferSamples:  # type: ignore[override]
+    def sample(self, batch_size: int, env: Any = None) -> PrioritizedReplayBufferSamples:
         """Draw ``batch_size`` transitions proportionally to their priorities."""
         batch_size = positive_int(batch_size, "batch_size")
         self._sync()
