@@ -12,7 +12,7 @@ from rbdata.buffer import ReplayBuffer as _Buffer
 from rbdata.compat import _sb3_spaces as spaces
 from rbdata.compat._sb3_arrays import SB3Array
 from rbdata.compat._sb3_register import counterpart_of, register_if_loaded
-from rbdata.compat._sb3_samples import ReplayBufferSamples, positive_int
+from rbdata.compat._sb3_samples import ReplayBufferSamples, positive_int, quiet_generator
 from rbdata.compat._sb3_writes import StepWriter
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
@@ -52,7 +52,8 @@ class ReplayBuffer:
             :class:`~rbdata.storages.MemmapStorage` of capacity ``buffer_size // n_envs *
             n_envs`` (a reopened storage resumes where it was).
         path: directory of a ``"memmap"`` storage (``None``: a temporary one).
-        generator: random generator of ``sample`` (``None``: one seeded from torch's global
+        generator: random generator of ``sample`` (``None``: one seeded from the state of
+            torch's global RNG without drawing from it, see :func:`quiet_generator`
             RNG).
 
     Examples:
@@ -142,7 +143,7 @@ class ReplayBuffer:
 
     # --- parts -------------------------------------------------------------------------------
     def _new_sampler(self, storage: Storage, generator: torch.Generator | None) -> Sampler:
-        return UniformSampler(generator=generator)
+        return UniformSampler(generator=generator or quiet_generator())
 
     def _bind(self, storage: Storage, sampler: Sampler) -> None:
         """Use ``storage`` and ``sampler``; ``pos`` and ``full`` are read from the storage."""

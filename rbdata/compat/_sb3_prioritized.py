@@ -8,7 +8,11 @@ import numpy as np
 import torch
 
 from rbdata.compat._sb3_buffer import ReplayBuffer
-from rbdata.compat._sb3_samples import PrioritizedReplayBufferSamples, positive_int
+from rbdata.compat._sb3_samples import (
+    PrioritizedReplayBufferSamples,
+    positive_int,
+    quiet_generator,
+)
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
@@ -65,7 +69,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def _new_sampler(self, storage: Storage, generator: torch.Generator | None) -> Sampler:
         alpha, beta, eps = self._per
-        return PrioritizedSampler(storage.capacity, alpha, beta, eps, generator=generator)
+        gen = generator or quiet_generator()
+        return PrioritizedSampler(storage.capacity, alpha, beta, eps, generator=gen)
 
     @property
     def beta(self) -> float:

@@ -1,7 +1,8 @@
-"""The sample tuples of :mod:`rbdata.compat.sb3` (SB3's field names) and argument checks."""
+"""The sample tuples of :mod:`rbdata.compat.sb3` (SB3's field names), checks, default RNG."""
 
 from __future__ import annotations
 
+import hashlib
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -12,6 +13,7 @@ __all__ = [
     "PrioritizedReplayBufferSamples",
     "ReplayBufferSamples",
     "positive_int",
+    "quiet_generator",
 ]
 
 
@@ -71,3 +73,22 @@ def positive_int(value: Any, name: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
         raise ValueError(f"{name}: expected a positive int, got {value!r}")
     return int(value)
+
+
+def quiet_generator() -> torch.Generator:
+    """A generator seeded from the state of torch's global RNG, which it leaves as it was.
+
+    SB3's buffer draws nothing from torch's RNG, so neither may building ours: a model's
+    initial weights and its whole run then come out as with SB3's buffer for the same seed.
+    ``torch.manual_seed`` still decides the seed (a hash of the global state).
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> a, state = quiet_generator(), torch.get_rng_state()
+        >>> _ = torch.manual_seed(0)
+        >>> b = quiet_generator()
+        >>> torch.equal(state, torch.get_rng_state()), a.initial_seed() == b.initial_seed()
+        (True, True)
+    """
+    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
