@@ -20,7 +20,7 @@ import os
 import sys
 from typing import Any
 
-__all__ = ["pytest_configure", "pytest_report_header", "swap"]
+__all__ = ["pytest_configure", "pytest_report_header", "rebuild_class", "swap"]
 
 MODES = ("all", "buffers", "none")
 NAMES = ("ReplayBuffer", "DictReplayBuffer")
@@ -40,7 +40,7 @@ def _replace(replacements: dict[int, Any]) -> int:
     return count
 
 
-def _rebuild_class(cls: type, namespace: dict[str, Any]) -> type:
+def rebuild_class(cls: type, namespace: dict[str, Any]) -> type:
     """``cls`` defined again from its own source, its names looked up in ``namespace``."""
     source = inspect.getsource(cls)
     scope = dict(namespace)
@@ -69,7 +69,7 @@ def swap(mode: str = "all") -> dict[str, type]:
     _replace({id(getattr(buffers, name)): cls for name, cls in done.items()})
     if mode == "all":
         # NStepReplayBuffer(ReplayBuffer) and HerReplayBuffer(DictReplayBuffer) on ours
-        nstep = _rebuild_class(old_nstep, vars(buffers))
+        nstep = rebuild_class(old_nstep, vars(buffers))
         her_module = importlib.import_module("stable_baselines3.her.her_replay_buffer")
         old_her = her_module.HerReplayBuffer
         importlib.reload(her_module)  # its `from ...buffers import DictReplayBuffer`: ours
