@@ -219,7 +219,11 @@ class StepWriter:
         except (ValueError, TypeError) as err:
             raise _shape_error("done", (self.n_envs,), done, err) from None
         if self.timeouts:
-            self._truncated[...] = self._timeouts(infos)
+            flags = self._timeouts(infos)
+            try:  # as SB3: np.array of the flags (an info may hold a 1-element array)
+                self._truncated[...] = np.array(flags)
+            except (ValueError, TypeError) as err:
+                raise _shape_error("infos", (self.n_envs,), np.array(flags, object), err) from None
         # the fast path (False before the first commit allocated the storage's memory)
         if self._fast and self._write_fast(storage, pos, self._stage_rows):
             if self.next_in_slot:
