@@ -351,3 +351,20 @@ def test_dict_buffer_checkpoint_round_trip(tmp_path: Path) -> None:
     a, b = rb.sample(16), back.sample(16)
     assert all(torch.equal(a.observations[k], b.observations[k]) for k in ("pos", "goal"))
     np.testing.assert_array_equal(back.observations["pos"], rb.observations["pos"])
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_arrays_of_a_cuda_storage_are_tensor_views() -> None:
+    from rbdata import TensorStorage
+
+    rb = ReplayBuffer(8, BOX, ACT, "cuda", 2, storage=TensorStorage(8, device="cuda"))
+    for step in _steps(2, 3):
+        rb.add(*step)
+    dones = rb.dones
+    assert isinstance(dones, torch.Tensor) and dones.shape == (4, 2) and dones.is_cuda
+    assert dones.data_ptr() == _leaf(rb, KEYS["dones"]).data_ptr()
+    rb.dones[0] = 1.0
+    assert float(rb.storage[1]["next", "done"]) == 1.0
+    rb.full = True
+    assert rb.sample(4).observations.is_cuda
