@@ -328,6 +328,11 @@ def test_dict_buffer_full_before_add_and_bad_input() -> None:
         rb.add(np.zeros((1, 2)), *step[1:])
     assert all(torch.equal(a, b) for a, b in zip(before, rb.storage.buffers, strict=True))
     assert rb.pos == 1
+    with pytest.raises(ValueError, match=r"^observations\['goal'\]: expected shape"):
+        rb.observations = {"pos": 5.0, "goal": np.zeros(3)}
+    assert all(torch.equal(a, b) for a, b in zip(before, rb.storage.buffers, strict=True))
+    rb.observations = {"pos": 5.0, "goal": 2}
+    assert (rb.observations["pos"] == 5.0).all() and (rb.observations["goal"] == 2).all()
 
 
 def test_dict_buffer_refuses_what_sb3_refuses() -> None:

@@ -29,21 +29,30 @@ class SB3Array:
 
     def __set__(self, obj: Any, value: Any) -> None:
         target = obj._writer.array(obj._storage, self.name)
-        if isinstance(target, dict):
-            if not isinstance(value, Mapping) or set(value) != set(target):
-                raise ValueError(f"{self.name}: expected a dict with keys {list(target)}")
-            for key, array in target.items():
-                _copy_into(array, value[key], f"{self.name}[{key!r}]")
-        else:
-            _copy_into(target, value, self.name)
+        if not isinstance(target, dict):
+            _write(target, _fit(target, value, self.name))
+            return
+        if not isinstance(value, Mapping) or set(value) != set(target):
+            raise ValueError(f"{self.name}: expected a dict with keys {list(target)}")
+        # every key checked before any is written: a bad one changes nothing
+        fitted = {k: _fit(a, value[k], f"{self.name}[{k!r}]") for k, a in target.items()}
+        for key, array in target.items():
+            _write(array, fitted[key])
 
 
-def _copy_into(target: Any, value: Any, name: str) -> None:
+def _write(target: Any, fitted: Any) -> None:
+    if isinstance(target, torch.Tensor):
+        target.copy_(fitted)
+    else:
+        np.copyto(target, fitted, "unsafe")  # numpy assignment's casting, as SB3's
+
+
+def _fit(target: Any, value: Any, name: str) -> Any:
+    """``value`` broadcast to ``target``'s shape (a tensor for a tensor target)."""
     try:
         if isinstance(target, torch.Tensor):
-            target.copy_(torch.as_tensor(np.asarray(value)).broadcast_to(target.shape))
-        else:
-            np.copyto(target, np.broadcast_to(np.asarray(value), target.shape), "unsafe")
+            return torch.as_tensor(np.asarray(value)).broadcast_to(target.shape)
+        return np.broadcast_to(np.asarray(value), target.shape)
     except (ValueError, TypeError, RuntimeError) as err:
         shape = getattr(value, "shape", None)
         raise ValueError(
