@@ -3,58 +3,37 @@
 from __future__ import annotations
 
 import os
-from typing import Any, NamedTuple
+from typing import Any, ClassVar
 
 import numpy as np
 import torch
 
 from rbdata.buffer import ReplayBuffer as _Buffer
 from rbdata.compat import _sb3_spaces as spaces
+from rbdata.compat._sb3_arrays import SB3Array
+from rbdata.compat._sb3_register import counterpart_of, register_if_loaded
+from rbdata.compat._sb3_samples import ReplayBufferSamples, positive_int, quiet_generator
 from rbdata.compat._sb3_writes import StepWriter
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
 from rbdata.samplers.uniform import UniformSampler
 from rbdata.storages.base import Storage
 
-__all__ = ["PrioritizedReplayBufferSamples", "ReplayBuffer", "ReplayBufferSamples", "positive_int"]
+__all__ = ["ReplayBuffer"]
 
 
-class ReplayBufferSamples(NamedTuple):
-    """SB3's ``ReplayBufferSamples``: same fields, shapes ``[B, ...]`` and ``[B, 1]``."""
-
-    observations: torch.Tensor
-    actions: torch.Tensor
-    next_observations: torch.Tensor
-    dones: torch.Tensor
-    rewards: torch.Tensor
-    discounts: torch.Tensor | None = None
-
-
-class PrioritizedReplayBufferSamples(NamedTuple):
-    """:class:`ReplayBufferSamples` plus ``indices`` ``[B]`` and importance ``weights`` ``[B, 1]``.
-
-    ``indices`` are flat transition indices ``slot * n_envs + env``, for
-    :meth:`PrioritizedReplayBuffer.update_priorities`.
-    """
-
-    observations: torch.Tensor
-    actions: torch.Tensor
-    next_observations: torch.Tensor
-    dones: torch.Tensor
-    rewards: torch.Tensor
-    discounts: torch.Tensor | None = None
-    indices: torch.Tensor | None = None
-    weights: torch.Tensor | None = None
-
-
-def positive_int(value: Any, name: str) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
-        raise ValueError(f"{name}: expected a positive int, got {value!r}")
-    return int(value)
-
-
+@counterpart_of("ReplayBuffer")
 class ReplayBuffer:
     """Stable-Baselines3's ``ReplayBuffer`` on an rbdata storage.
+
+    SB3's arrays ``observations``, ``next_observations`` (not with
+    ``optimize_memory_usage``), ``actions``, ``rewards``, ``dones`` and ``timeouts``, shaped
+    ``[buffer_size, n_envs, ...]``, are views of the storage's memory (numpy arrays for a
+    CPU storage, memory-mapped ones included; tensors on a GPU): what ``add`` wrote reads
+    there, and writes through them (SB3's ``dones[pos] = True``) land in the storage. Such
+    writes bypass a :class:`~rbdata.storages.MemmapStorage`'s journal and other processes'
+    change tracking. When stable-baselines3 is imported, ``isinstance`` with SB3's
+    ``ReplayBuffer`` is true (see :func:`register_with_sb3`).
 
     Args:
         buffer_size: transitions in all; as in SB3, ``buffer_size // n_envs`` slots of
@@ -73,7 +52,8 @@ class ReplayBuffer:
             :class:`~rbdata.storages.MemmapStorage` of capacity ``buffer_size // n_envs *
             n_envs`` (a reopened storage resumes where it was).
         path: directory of a ``"memmap"`` storage (``None``: a temporary one).
-        generator: random generator of ``sample`` (``None``: one seeded from torch's global
+        generator: random generator of ``sample`` (``None``: one seeded from the state of
+            torch's global RNG without drawing from it, see :func:`quiet_generator`
             RNG).
 
     Examples:
@@ -85,7 +65,19 @@ class ReplayBuffer:
         >>> batch = rb.sample(4)
         >>> batch.observations.shape, batch.actions.dtype, batch.rewards.shape, rb.size()
         (torch.Size([4, 3]), torch.int64, torch.Size([4, 1]), 1)
+        >>> rb.observations.shape, rb.rewards[0], np.shares_memory(rb.dones, rb.dones)
+        ((100, 1, 3), array([0.5], dtype=float32), True)
     """
+
+    observations = SB3Array()
+    next_observations = SB3Array()
+    actions = SB3Array()
+    rewards = SB3Array()
+    dones = SB3Array()
+    timeouts = SB3Array()
+    #: ``_get_samples`` methods of rbdata's classes; a subclass with another one (SB3's
+    #: ``NStepReplayBuffer`` built on this class) gets SB3's ``sample`` that calls it
+    _own_get_samples: ClassVar[set[Any]] = set()
 
     def __init__(
         self,
@@ -110,7 +102,10 @@ class ReplayBuffer:
             )
         self.observation_space = observation_space
         self.action_space = action_space
-        self.obs_shape = spaces.obs_shape(observation_space)
+        obs = self._obs_specs(observation_space)
+        self.obs_shape: Any = (
+            {k: v.shape for k, v in obs.items()} if isinstance(obs, dict) else obs.shape
+        )
         self.action_dim = spaces.action_dim(action_space)
         self.device = spaces.resolve_device(device)
         self.buffer_size = max(buffer_size // self.n_envs, 1)
@@ -121,20 +116,34 @@ class ReplayBuffer:
         self._writer = StepWriter(
             self.buffer_size,
             self.n_envs,
-            self.obs_shape,
-            spaces.obs_dtype(observation_space),
+            obs,
             self.action_dim,
             spaces.action_dtype(action_space),
-            discrete_obs=spaces.space_kind(observation_space, "") == "Discrete",
             next_in_slot=self.optimize_memory_usage,
             timeouts=self.handle_timeout_termination,
         )
         store = self._writer.open_storage(storage, path)
+        self._writer.allocate(store)  # SB3's arrays exist (zeros) before the first add
         self._bind(store, self._new_sampler(store, generator))
+        register_if_loaded()
+
+    def _obs_specs(self, observation_space: Any) -> Any:
+        """How observations are stored (one array here; a dict of them for ``Dict`` spaces)."""
+        return spaces.obs_spec(observation_space)
+
+    @staticmethod
+    def _maybe_cast_dtype(dtype: Any) -> Any:
+        """SB3's: the stored action dtype, ``np.float32`` for ``np.float64`` (else unchanged).
+
+        Examples:
+            >>> ReplayBuffer._maybe_cast_dtype(np.float64), ReplayBuffer._maybe_cast_dtype(np.int8)
+            (<class 'numpy.float32'>, <class 'numpy.int8'>)
+        """
+        return spaces.maybe_cast_dtype(dtype)
 
     # --- parts -------------------------------------------------------------------------------
     def _new_sampler(self, storage: Storage, generator: torch.Generator | None) -> Sampler:
-        return UniformSampler(generator=generator)
+        return UniformSampler(generator=generator or quiet_generator())
 
     def _bind(self, storage: Storage, sampler: Sampler) -> None:
         """Use ``storage`` and ``sampler``; ``pos`` and ``full`` are read from the storage."""
@@ -167,6 +176,7 @@ class ReplayBuffer:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self._writer.attach(self._storage)
+        register_if_loaded()
 
     # --- SB3 surface -------------------------------------------------------------------------
     def size(self) -> int:
@@ -223,14 +233,32 @@ class ReplayBuffer:
             raise EmptyBufferError("cannot sample: the buffer is empty (add first)")
         return torch.randint(high, (batch_size,), generator=gen)
 
-    def sample(self, batch_size: int, env: Any = None) -> ReplayBufferSamples:
-        """Draw ``batch_size`` transitions uniformly (``env``: a ``VecNormalize`` to apply)."""
-        batch_size = positive_int(batch_size, "batch_size")
-        return ReplayBufferSamples(*self._gather(self._draw(batch_size), env))
+    def sample(self, batch_size: int, env: Any = None) -> Any:
+        """Draw ``batch_size`` transitions uniformly (``env``: a ``VecNormalize`` to apply).
 
-    def _get_samples(
-        self, batch_inds: Any, env: Any = None, env_indices: Any = None
-    ) -> ReplayBufferSamples:
+        A subclass that overrides ``_get_samples(batch_inds, env)`` (SB3's
+        ``NStepReplayBuffer``) gets it called with the drawn slots, as SB3's ``sample`` does.
+        """
+        batch_size = positive_int(batch_size, "batch_size")
+        if type(self)._get_samples not in ReplayBuffer._own_get_samples:
+            return self._get_samples(self._draw_slots(batch_size), env=env)
+        return self._samples(*self._gather(self._draw(batch_size), env))
+
+    def _samples(self, *fields: Any) -> Any:
+        return ReplayBufferSamples(*fields)
+
+    def _draw_slots(self, batch_size: int) -> np.ndarray[Any, Any]:
+        """Slots drawn as SB3's ``sample`` draws its ``batch_inds``."""
+        slots, gen = self.buffer_size, self._sampler.generator
+        if self.optimize_memory_usage and self.full:
+            k = torch.randint(1, slots, (batch_size,), generator=gen)
+            return ((k + self.pos) % slots).numpy()
+        high = slots if self.full else self.pos
+        if high == 0:
+            raise EmptyBufferError("cannot sample: the buffer is empty (add first)")
+        return torch.randint(high, (batch_size,), generator=gen).numpy()
+
+    def _get_samples(self, batch_inds: Any, env: Any = None, env_indices: Any = None) -> Any:
         """The transitions at slots ``batch_inds`` of envs ``env_indices`` (random if ``None``)."""
         slots = torch.as_tensor(np.asarray(batch_inds), dtype=torch.long)
         if env_indices is None:
@@ -238,18 +266,27 @@ class ReplayBuffer:
             envs = torch.randint(self.n_envs, (len(slots),), generator=gen)
         else:
             envs = torch.as_tensor(np.asarray(env_indices), dtype=torch.long)
-        return ReplayBufferSamples(*self._gather(slots * self.n_envs + envs, env))
+        return self._samples(*self._gather(slots * self.n_envs + envs, env))
 
-    def _gather(self, flat: torch.Tensor, env: Any) -> tuple[torch.Tensor, ...]:
+    _own_get_samples.add(_get_samples)
+
+    def _gather(self, flat: torch.Tensor, env: Any) -> tuple[Any, ...]:
         obs, actions, next_obs, dones, rewards = self._writer.gather(self._storage, flat)
         if env is not None:
-            obs = self.to_torch(self._normalize_obs(obs.numpy(), env))
-            next_obs = self.to_torch(self._normalize_obs(next_obs.numpy(), env))
-            rewards = self.to_torch(self._normalize_reward(rewards.numpy(), env))
+            obs = self._normalized(obs, env)
+            next_obs = self._normalized(next_obs, env)
+            rewards = self.to_torch(self._normalize_reward(rewards.cpu().numpy(), env))
         device = self.device
-        if obs.device != device:
-            return tuple(t.to(device) for t in (obs, actions, next_obs, dones, rewards))
+        if actions.device != device:
+            obs, next_obs = _to(obs, device), _to(next_obs, device)
+            actions, dones, rewards = actions.to(device), dones.to(device), rewards.to(device)
         return obs, actions, next_obs, dones, rewards
+
+    def _normalized(self, obs: Any, env: Any) -> Any:
+        if isinstance(obs, dict):
+            got = self._normalize_obs({k: v.cpu().numpy() for k, v in obs.items()}, env)
+            return {k: self.to_torch(v) for k, v in got.items()}
+        return self.to_torch(self._normalize_obs(obs.cpu().numpy(), env))
 
     def to_torch(self, array: np.ndarray[Any, Any], copy: bool = True) -> torch.Tensor:
         """A numpy array as a tensor on ``device`` (copied unless ``copy=False``), as SB3."""
@@ -349,3 +386,10 @@ class ReplayBuffer:
             f"{type(self).__name__}(buffer_size={self.buffer_size}, n_envs={self.n_envs}, "
             f"size={self.size()}, storage={type(self._storage).__name__})"
         )
+
+
+def _to(obs: Any, device: torch.device) -> Any:
+    """A tensor, or a dict of them, on ``device``."""
+    if isinstance(obs, dict):
+        return {k: v.to(device) for k, v in obs.items()}
+    return obs.to(device)

@@ -7,10 +7,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata.compat._sb3_buffer import (
+from rbdata.compat._sb3_buffer import ReplayBuffer
+from rbdata.compat._sb3_samples import (
     PrioritizedReplayBufferSamples,
-    ReplayBuffer,
     positive_int,
+    quiet_generator,
 )
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
@@ -68,7 +69,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
 
     def _new_sampler(self, storage: Storage, generator: torch.Generator | None) -> Sampler:
         alpha, beta, eps = self._per
-        return PrioritizedSampler(storage.capacity, alpha, beta, eps, generator=generator)
+        gen = generator or quiet_generator()
+        return PrioritizedSampler(storage.capacity, alpha, beta, eps, generator=gen)
 
     @property
     def beta(self) -> float:
@@ -112,7 +114,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         super().reset()
         self._pending = 0
 
-    def sample(self, batch_size: int, env: Any = None) -> PrioritizedReplayBufferSamples:  # type: ignore[override]
+    def sample(self, batch_size: int, env: Any = None) -> PrioritizedReplayBufferSamples:
         """Draw ``batch_size`` transitions proportionally to their priorities."""
         batch_size = positive_int(batch_size, "batch_size")
         self._sync()

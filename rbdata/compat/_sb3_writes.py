@@ -22,22 +22,40 @@ Then one of two paths writes them:
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 import torch
 
 from rbdata._layout import Layout, nest
+from rbdata.compat._sb3_spaces import ObsSpec
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
-__all__ = ["KEYS", "StepWriter"]
+__all__ = ["ARRAYS", "KEYS", "StepWriter", "obs_key"]
 
+Key = tuple[str, ...]
 OBS, ACTION, NEXT_OBS = ("observation",), ("action",), ("next", "observation")
 REWARD, DONE, TRUNCATED = ("next", "reward"), ("next", "done"), ("next", "truncated")
-#: the stored keys (``NEXT_OBS`` absent with ``optimize_memory_usage``)
+#: the stored keys (``NEXT_OBS`` absent with ``optimize_memory_usage``; with a ``Dict`` space,
+#: ``OBS`` and ``NEXT_OBS`` are followed by the space's key)
 KEYS = (OBS, ACTION, NEXT_OBS, REWARD, DONE, TRUNCATED)
+#: SB3's array attributes and the stored keys they view
+ARRAYS = {
+    "observations": OBS,
+    "next_observations": NEXT_OBS,
+    "actions": ACTION,
+    "rewards": REWARD,
+    "dones": DONE,
+    "timeouts": TRUNCATED,
+}
+
+
+def obs_key(prefix: Key, name: str | None) -> Key:
+    """The stored key of observation ``name`` (``None``: the one array) under ``prefix``."""
+    return prefix if name is None else (*prefix, name)
 
 
 def _shape_error(name: str, expected: tuple[int, ...], value: Any, err: Exception) -> ValueError:
@@ -47,46 +65,55 @@ def _shape_error(name: str, expected: tuple[int, ...], value: Any, err: Exceptio
 
 
 class StepWriter:
-    """Staging arrays + a reusable ``Prepared`` for one step of ``n_envs`` transitions."""
+    """Staging arrays + a reusable ``Prepared`` for one step of ``n_envs`` transitions.
+
+    ``obs``: the one observation array's :class:`ObsSpec`, or one per key of a ``Dict``
+    space (stored under ``("observation", key)`` and ``("next", "observation", key)``).
+    """
 
     def __init__(
         self,
         n_slots: int,
         n_envs: int,
-        obs_shape: tuple[int, ...],
-        obs_dtype: np.dtype[Any],
+        obs: ObsSpec | dict[str, ObsSpec],
         action_dim: int,
         action_dtype: np.dtype[Any],
         *,
-        discrete_obs: bool,
         next_in_slot: bool,
         timeouts: bool,
     ) -> None:
         # what pickling keeps: the staging tensors alias numpy arrays, which a pickle would
         # copy apart, so an unpickled writer is rebuilt from these (and attached again)
-        self._args = (n_slots, n_envs, obs_shape, obs_dtype, action_dim, action_dtype)
-        self._flags = {"discrete_obs": discrete_obs, "next_in_slot": next_in_slot}
-        self._flags["timeouts"] = timeouts
+        self._args = (n_slots, n_envs, obs, action_dim, action_dtype)
+        self._flags = {"next_in_slot": next_in_slot, "timeouts": timeouts}
         self.n_slots, self.n_envs = n_slots, n_envs
         self.capacity = n_slots * n_envs
-        self.discrete_obs, self.next_in_slot, self.timeouts = discrete_obs, next_in_slot, timeouts
-        self.obs_item = (n_envs, *obs_shape)
+        self.next_in_slot, self.timeouts = next_in_slot, timeouts
+        self.dict_obs = isinstance(obs, dict)
+        #: observation name (``None``: the one array) -> spec
+        self.specs: dict[str | None, ObsSpec] = {None: obs} if isinstance(obs, ObsSpec) else {}
+        if isinstance(obs, dict):
+            self.specs.update(obs)
+        if next_in_slot and self.dict_obs:
+            raise ValueError("optimize_memory_usage: not with Dict observations (as in SB3)")
         self.action_item = (n_envs, action_dim)
-        stage = {
-            OBS: np.zeros(self.obs_item, obs_dtype),
-            ACTION: np.zeros(self.action_item, action_dtype),
-            NEXT_OBS: np.zeros(self.obs_item, obs_dtype),
-            REWARD: np.zeros(n_envs, np.float32),
-            DONE: np.zeros(n_envs, np.float32),
-            TRUNCATED: np.zeros(n_envs, np.float32),
-        }
+        stage: dict[Key, np.ndarray[Any, Any]] = {}
+        for name, spec in self.specs.items():
+            stage[obs_key(OBS, name)] = np.zeros((n_envs, *spec.shape), spec.dtype)
+        stage[ACTION] = np.zeros(self.action_item, action_dtype)
+        for name, spec in self.specs.items():
+            stage[obs_key(NEXT_OBS, name)] = np.zeros((n_envs, *spec.shape), spec.dtype)
+        stage[REWARD] = np.zeros(n_envs, np.float32)
+        stage[DONE] = np.zeros(n_envs, np.float32)
+        stage[TRUNCATED] = np.zeros(n_envs, np.float32)
+        self._obs = {name: stage[obs_key(OBS, name)] for name in self.specs}
         if next_in_slot:  # the next observation goes to the next slot's observation
             blank = {k: np.zeros_like(v) for k, v in stage.items() if k != NEXT_OBS}
             blank[OBS] = stage.pop(NEXT_OBS)
-            self._next_obs = blank[OBS]
+            self._next_obs: dict[str | None, np.ndarray[Any, Any]] = {None: blank[OBS]}
         else:
-            self._next_obs = stage[NEXT_OBS]
-        self._obs, self._action = stage[OBS], stage[ACTION]
+            self._next_obs = {name: stage[obs_key(NEXT_OBS, name)] for name in self.specs}
+        self._action = stage[ACTION]
         self._reward, self._done, self._truncated = stage[REWARD], stage[DONE], stage[TRUNCATED]
         tensors = {k: torch.from_numpy(v) for k, v in stage.items()}
         self.layout = Layout.from_data(nest(tensors.items()), batched=True)
@@ -108,7 +135,7 @@ class StepWriter:
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__init__(*state["args"], **state["flags"])  # type: ignore[misc]
 
-    def _prepared(self, stage: dict[tuple[str, ...], np.ndarray[Any, Any]]) -> Prepared:
+    def _prepared(self, stage: dict[Key, np.ndarray[Any, Any]]) -> Prepared:
         """The staging arrays as one item (``n_envs == 1``: the numpy row path) or a batch."""
         one = self.n_envs == 1
         payload = [
@@ -177,17 +204,8 @@ class StepWriter:
         infos: Any,
     ) -> None:
         """Cast one step into the staging arrays (all checks), then commit it at ``pos``."""
-        if self.discrete_obs:
-            obs = self._reshape(obs, "obs")
-            next_obs = self._reshape(next_obs, "next_obs")
-        try:
-            self._obs[...] = obs
-        except (ValueError, TypeError) as err:
-            raise _shape_error("obs", self.obs_item, obs, err) from None
-        try:
-            self._next_obs[...] = next_obs
-        except (ValueError, TypeError) as err:
-            raise _shape_error("next_obs", self.obs_item, next_obs, err) from None
+        self._put_obs(self._obs, obs, "obs")
+        self._put_obs(self._next_obs, next_obs, "next_obs")
         try:
             self._action[...] = np.asarray(action).reshape(self.action_item)
         except (ValueError, TypeError) as err:
@@ -201,7 +219,11 @@ class StepWriter:
         except (ValueError, TypeError) as err:
             raise _shape_error("done", (self.n_envs,), done, err) from None
         if self.timeouts:
-            self._truncated[...] = self._timeouts(infos)
+            flags = self._timeouts(infos)
+            try:  # as SB3: np.array of the flags (an info may hold a 1-element array)
+                self._truncated[...] = np.array(flags)
+            except (ValueError, TypeError) as err:
+                raise _shape_error("infos", (self.n_envs,), np.array(flags, object), err) from None
         # the fast path (False before the first commit allocated the storage's memory)
         if self._fast and self._write_fast(storage, pos, self._stage_rows):
             if self.next_in_slot:
@@ -229,11 +251,29 @@ class StepWriter:
             start = (pos + 1) % self.n_slots * n
             storage.commit(WriteTarget.of_runs([slice(start, start + n)]), self._blank)
 
-    def _reshape(self, value: Any, name: str) -> np.ndarray[Any, Any]:
+    def _put_obs(self, stage: dict[str | None, np.ndarray[Any, Any]], value: Any, arg: str) -> None:
+        """Cast observation ``value`` (one array, or a dict for a ``Dict`` space) into ``stage``."""
+        if not self.dict_obs:
+            self._put_one(stage[None], value, arg, self.specs[None])
+            return
+        if not isinstance(value, Mapping):
+            raise ValueError(
+                f"{arg}: expected a dict of arrays with keys {list(self.specs)}, "
+                f"got {type(value).__name__}"
+            )
+        for name, spec in self.specs.items():
+            if name not in value:
+                raise ValueError(f"{arg}: key {name!r} missing (keys {list(value)})")
+            self._put_one(stage[name], value[name], f"{arg}[{name!r}]", spec)
+
+    def _put_one(self, dst: np.ndarray[Any, Any], value: Any, arg: str, spec: ObsSpec) -> None:
+        shape = dst.shape
         try:
-            return np.asarray(value).reshape(self.obs_item)
+            if spec.discrete:  # numpy cannot broadcast (n_envs,) to (n_envs, 1): as SB3
+                value = np.asarray(value).reshape(shape)
+            dst[...] = value
         except (ValueError, TypeError) as err:
-            raise _shape_error(name, self.obs_item, value, err) from None
+            raise _shape_error(arg, shape, value, err) from None
 
     def _timeouts(self, infos: Any) -> list[bool]:
         if not isinstance(infos, (list, tuple)) or len(infos) != self.n_envs:
@@ -250,22 +290,68 @@ class StepWriter:
             ) from None
 
     # --- reads --------------------------------------------------------------------------------
-    def gather(self, storage: Storage, flat: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        """``(observations, actions, next_observations, dones, rewards)`` at flat indices."""
+    def gather(self, storage: Storage, flat: torch.Tensor) -> tuple[Any, ...]:
+        """``(observations, actions, next_observations, dones, rewards)`` at flat indices.
+
+        Observations are a tensor, or a dict of tensors for a ``Dict`` space. ``dones`` are
+        SB3's ``dones * (1 - timeouts)`` in float32 (the timeouts stay zero unless
+        ``handle_timeout_termination`` or a write through ``timeouts`` set them).
+        """
         bufs = storage.buffers  # type: ignore[attr-defined]
         leaf = self._leaf_of
         if flat.device != storage.device:
             flat = flat.to(storage.device)
-        obs_buf = bufs[leaf[OBS]]
-        obs = torch.index_select(obs_buf, 0, flat)
         if self.next_in_slot:
+            obs_buf = bufs[leaf[OBS]]
+            obs: Any = torch.index_select(obs_buf, 0, flat)
             nxt = flat.add(self.n_envs).remainder_(self.capacity)
-            next_obs = torch.index_select(obs_buf, 0, nxt)
+            next_obs: Any = torch.index_select(obs_buf, 0, nxt)
+        elif self.dict_obs:
+            obs = {n: torch.index_select(bufs[leaf[obs_key(OBS, n)]], 0, flat) for n in self.specs}
+            next_obs = {
+                n: torch.index_select(bufs[leaf[obs_key(NEXT_OBS, n)]], 0, flat) for n in self.specs
+            }
         else:
+            obs = torch.index_select(bufs[leaf[OBS]], 0, flat)
             next_obs = torch.index_select(bufs[leaf[NEXT_OBS]], 0, flat)
         actions = torch.index_select(bufs[leaf[ACTION]], 0, flat)
         dones = torch.index_select(bufs[leaf[DONE]], 0, flat)
-        if self.timeouts:  # SB3: dones * (1 - timeouts), in float32
-            dones.mul_(torch.index_select(bufs[leaf[TRUNCATED]], 0, flat).neg_().add_(1))
+        dones.mul_(torch.index_select(bufs[leaf[TRUNCATED]], 0, flat).neg_().add_(1))
         rewards = torch.index_select(bufs[leaf[REWARD]], 0, flat)
         return obs, actions, next_obs, dones.view(-1, 1), rewards.view(-1, 1)
+
+    # --- SB3's arrays ---------------------------------------------------------------------
+    def allocate(self, storage: Storage) -> None:
+        """Give an empty, layout-less ``storage`` its (zeroed) memory, still holding no item.
+
+        SB3's arrays exist from construction on: they are views of this memory.
+        """
+        if storage.layout is None:
+            self._commit(storage, 0)  # the staging arrays are still zeros
+            storage.clear()
+
+    def array(self, storage: Storage, attr: str) -> Any:
+        """SB3's array ``attr`` (see :data:`ARRAYS`): a view of ``storage``'s memory.
+
+        Shaped ``[n_slots, n_envs, ...]``; a numpy array for a CPU storage, a tensor view on
+        another device; a dict of them for observations of a ``Dict`` space.
+
+        Raises:
+            AttributeError: ``next_observations`` with ``optimize_memory_usage`` (as SB3:
+                no such array), or an unknown name.
+        """
+        prefix = ARRAYS.get(attr)
+        if prefix is None or (prefix == NEXT_OBS and self.next_in_slot):
+            why = " (optimize_memory_usage keeps one observation array)" if prefix else ""
+            raise AttributeError(f"the buffer has no array {attr!r}{why}")
+        bufs = storage.buffers  # type: ignore[attr-defined]
+        leaf = self._leaf_of
+        if prefix in (OBS, NEXT_OBS) and self.dict_obs:
+            return {n: self._view(bufs[leaf[obs_key(prefix, n)]]) for n in self.specs}
+        return self._view(bufs[leaf[prefix]])
+
+    def _view(self, buf: torch.Tensor) -> Any:
+        shape = (self.n_slots, self.n_envs, *buf.shape[1:])
+        if buf.device.type == "cpu":
+            return buf.numpy().reshape(shape)  # a view: the buffers are contiguous
+        return buf.view(shape)

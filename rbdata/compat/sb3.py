@@ -1,32 +1,50 @@
-"""Drop-in replacements for Stable-Baselines3's ``ReplayBuffer``, backed by rbdata storages.
+"""Drop-in replacements for Stable-Baselines3's replay buffers, backed by rbdata storages.
 
 ``from rbdata.compat.sb3 import ReplayBuffer`` instead of
-``from stable_baselines3.common.buffers import ReplayBuffer``: same constructor, ``add``,
-``sample`` (a :class:`ReplayBufferSamples` with SB3's field names, shapes and dtypes),
-``size()``, ``full``, ``pos``, ``reset()``. On top: :meth:`ReplayBuffer.dumps` /
-:meth:`ReplayBuffer.loads` checkpoints, ``storage="memmap"`` (files bigger than RAM), and
-:class:`PrioritizedReplayBuffer`. stable-baselines3 is not imported; spaces are read by duck
-typing (``.shape``, ``.dtype``, ``.n``, ``.nvec`` and the class names).
+``from stable_baselines3.common.buffers import ReplayBuffer`` (and ``DictReplayBuffer`` for
+``Dict`` observation spaces): same constructor, ``add``, ``sample`` (a
+:class:`ReplayBufferSamples` with SB3's field names, shapes and dtypes), ``size()``, ``full``,
+``pos``, ``reset()``, ``_maybe_cast_dtype``, and SB3's arrays ``observations``,
+``next_observations``, ``actions``, ``rewards``, ``dones``, ``timeouts``
+(``[buffer_size, n_envs, ...]``), which are views of the storage's memory: reads see what
+``add`` wrote and writes land in the storage, without a copy. On top:
+:meth:`ReplayBuffer.dumps` / :meth:`ReplayBuffer.loads` checkpoints, ``storage="memmap"``
+(files bigger than RAM), and :class:`PrioritizedReplayBuffer`.
+
+stable-baselines3 is not imported; spaces are read by duck typing (``.shape``, ``.dtype``,
+``.n``, ``.nvec``, ``.spaces`` and the class names). When SB3 is imported, its ``isinstance``
+checks accept these classes (virtual subclasses of SB3's abstract buffers; see
+:func:`register_with_sb3`), so SB3's algorithms take them as ``replay_buffer_class`` and
+``load_replay_buffer`` takes them back.
 
 Layout: one storage item per ``(slot, env)`` transition, at flat index ``slot * n_envs + env``.
 Each leaf, viewed as ``[buffer_size, n_envs, ...]``, is exactly SB3's array, one ``add`` is
 one contiguous write of ``n_envs`` items, a draw of SB3's ``(batch_inds, env_indices)`` is one
 flat uniform draw, and the storage stays an ordinary rbdata dataset of transitions (keys
 ``observation``, ``action``, ``("next", "observation")``, ``("next", "reward")``,
-``("next", "done")``, ``("next", "truncated")``) that priorities, checkpoints and
-``DataLoader`` use per transition. See ``docs/compat.md``.
+``("next", "done")``, ``("next", "truncated")``; ``("observation", key)`` per key of a
+``Dict`` space) that priorities, checkpoints and ``DataLoader`` use per transition. See
+``docs/compat.md``.
 """
 
-from rbdata.compat._sb3_buffer import (
+from rbdata.compat._sb3_buffer import ReplayBuffer
+from rbdata.compat._sb3_dict import DictReplayBuffer
+from rbdata.compat._sb3_prioritized import PrioritizedReplayBuffer
+from rbdata.compat._sb3_register import register_if_loaded, register_with_sb3
+from rbdata.compat._sb3_samples import (
+    DictReplayBufferSamples,
     PrioritizedReplayBufferSamples,
-    ReplayBuffer,
     ReplayBufferSamples,
 )
-from rbdata.compat._sb3_prioritized import PrioritizedReplayBuffer
 
 __all__ = [
+    "DictReplayBuffer",
+    "DictReplayBufferSamples",
     "PrioritizedReplayBuffer",
     "PrioritizedReplayBufferSamples",
     "ReplayBuffer",
     "ReplayBufferSamples",
+    "register_with_sb3",
 ]
+
+register_if_loaded()  # SB3 imported first: its isinstance checks accept ours from now on
