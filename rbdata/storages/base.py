@@ -92,6 +92,8 @@ class Storage(Dataset[Any]):
     #: beside the storage only when it does not).
     dump_adds_tensors: ClassVar[bool] = False
 
+    _items_written = 0  # see items_written; the write paths add to it
+
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
         if "writes_rows" not in cls.__dict__:
@@ -156,6 +158,27 @@ class Storage(Dataset[Any]):
     def write_count(self) -> int | None:
         """Items committed so far by every process (``None`` if the storage does not count)."""
         return None
+
+    @property
+    def items_written(self) -> int:
+        """Items written so far, overwritten ones included: a count that only ever grows.
+
+        Every storage counts every write of this process (a shared storage also counts other
+        processes': its :attr:`write_count`), whatever path it took (``set``, a writer's fast
+        path, a checkpoint loaded into it), so a reader that keeps an index of the items
+        (:class:`~rbdata.transforms.EpisodeIndex`) sees every write by comparing two values,
+        a write of a whole multiple of the capacity included. :meth:`clear` keeps it.
+
+        Examples:
+            >>> import torch
+            >>> from rbdata.storages import TensorStorage
+            >>> storage = TensorStorage(4)
+            >>> storage.set(slice(0, 4), torch.zeros(4))
+            >>> storage.set(slice(0, 4), torch.ones(4))  # len and next_slot as they were
+            >>> len(storage), storage.next_slot, storage.items_written
+            (4, 0, 8)
+        """
+        return self._items_written
 
     @property
     def last_write(self) -> tuple[int, int]:
@@ -444,6 +467,7 @@ class Storage(Dataset[Any]):
             self._write(index, prepared.payload)
             top = int(index.max()) + 1 if index.numel() else 0
             last = int(index[-1]) + 1 if index.numel() else self.next_slot
+        self._items_written += 1 if isinstance(index, int) else prepared.n
         if top > len(self):
             self._set_length(top)
         self._set_next(last % self.capacity)

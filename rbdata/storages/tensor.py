@@ -220,6 +220,7 @@ class TensorStorage(Storage):
         if top > self._length:
             self._length = top
         self._next = top if top < self._capacity else 0
+        self._items_written += 1
         return True
 
     def _unpack_batch(
@@ -277,6 +278,7 @@ class TensorStorage(Storage):
         if top > self._length:
             self._length = top
         self._next = (start + n) % self._capacity
+        self._items_written += n
         return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:

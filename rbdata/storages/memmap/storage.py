@@ -213,6 +213,11 @@ class MemmapStorage(MemmapFiles):
         return self._state.writes
 
     @property
+    def items_written(self) -> int:
+        """:attr:`write_count`: every process's writes (see ``Storage.items_written``)."""
+        return self.write_count
+
+    @property
     def last_write(self) -> tuple[int, int]:
         """``write_count`` just before and just after this process's last commit."""
         return self._last_write
