@@ -91,8 +91,7 @@ class Storage(Dataset[Any]):
     #: checkpoint's state tensors (for implementers; a checkpoint writes ``tensors.bin``
     #: beside the storage only when it does not).
     dump_adds_tensors: ClassVar[bool] = False
-
-    _items_written = 0  # see items_written; the write paths add to it
+    _items_written = 0  # see items_written; every write path adds to it
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -161,22 +160,11 @@ class Storage(Dataset[Any]):
 
     @property
     def items_written(self) -> int:
-        """Items written so far, overwritten ones included: a count that only ever grows.
+        """Items written so far, overwritten ones included: only grows, whatever the write path.
 
-        Every storage counts every write of this process (a shared storage also counts other
-        processes': its :attr:`write_count`), whatever path it took (``set``, a writer's fast
-        path, a checkpoint loaded into it), so a reader that keeps an index of the items
-        (:class:`~rbdata.transforms.EpisodeIndex`) sees every write by comparing two values,
-        a write of a whole multiple of the capacity included. :meth:`clear` keeps it.
-
-        Examples:
-            >>> import torch
-            >>> from rbdata.storages import TensorStorage
-            >>> storage = TensorStorage(4)
-            >>> storage.set(slice(0, 4), torch.zeros(4))
-            >>> storage.set(slice(0, 4), torch.ones(4))  # len and next_slot as they were
-            >>> len(storage), storage.next_slot, storage.items_written
-            (4, 0, 8)
+        Readers that index the items (:class:`~rbdata.transforms.EpisodeIndex`) see every
+        write of this process by comparing two values (one of a whole multiple of the capacity
+        included); a shared storage also counts other processes' (its :attr:`write_count`).
         """
         return self._items_written
 

@@ -219,8 +219,7 @@ class TensorStorage(Storage):
         top = slot + 1
         if top > self._length:
             self._length = top
-        self._next = top if top < self._capacity else 0
-        self._items_written += 1
+        self._next, self._items_written = top % self._capacity, self._items_written + 1
         return True
 
     def _unpack_batch(

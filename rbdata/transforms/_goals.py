@@ -27,14 +27,14 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["STRATEGIES", "goal_draw", "goal_slots", "goal_slots_reference"]
+__all__ = ["STRATEGIES", "blend", "goal_draw", "goal_slots", "goal_slots_reference", "relabel"]
 
 #: the strategies and their codes in the kernel
 STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
 
 
 @numba.njit(cache=True, nogil=True)
-def _nb_goal_slots(
+def _nb_draw(
     slots: Any,
     u: Any,
     ends: Any,
@@ -45,25 +45,25 @@ def _nb_goal_slots(
     n_relabel: int,
     p_cur: float,
     p_traj: float,
-    geom: bool,
     log_discount: float,
-    out: Any,
-    read: Any,
-    mask: Any,
+    order: Any,
+    goal: Any,
 ) -> None:  # pragma: no cover
+    """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order`` is scratch space.
+
+    ``log_discount`` is ``nan`` for OGBench's uniform later steps (``geom_sample=False``).
+    """
     n = slots.shape[0]
     oldest = max(0, time - capacity)
     held = time - oldest
-    order = np.empty(n, np.int64)
     for i in range(n):
-        out[i] = -1
-        read[i] = slots[i]
-        mask[i] = False
+        goal[i] = -1
         order[i] = i
     for i in range(n_relabel):  # a uniformly random subset of n_relabel items
         j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
         order[i], order[j] = order[j], order[i]
     nends = ends.shape[0]
+    geom = not math.isnan(log_discount)
     for r in range(n_relabel):
         i = order[r]
         t = oldest + (slots[i] - base - oldest) % capacity
@@ -98,8 +98,66 @@ def _nb_goal_slots(
                     g = int(np.rint(a * w + e * (1.0 - w)))
             else:
                 g = oldest + min(int(u[i, 3] * held), held - 1)
-        out[i] = read[i] = (base + g) % capacity
-        mask[i] = True
+        goal[i] = (base + g) % capacity
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_relabel(
+    slots: Any,
+    u: Any,
+    ends: Any,
+    ints: Any,
+    floats: Any,
+    order: Any,
+    goal: Any,
+    column: Any,
+    old: Any,
+    out: Any,
+    next_old: Any,
+    next_out: Any,
+) -> None:  # pragma: no cover
+    """:func:`_nb_draw`, then each item's desired goal: its goal step's row of ``column``.
+
+    ``ints`` is ``(time, base, capacity, code, n_relabel)``, ``floats`` ``(p_cur, p_traj,
+    log_discount)``. ``out[i]`` is ``column[goal[i]]`` where relabeled, else ``old[i]``; the
+    same blend goes from ``next_old`` to ``next_out`` when they have rows.
+    """
+    _nb_draw(
+        slots, u, ends, ints[0], ints[1], ints[2], ints[3], ints[4], floats[0], floats[1],
+        floats[2], order, goal,
+    )  # fmt: skip
+    n, d = out.shape
+    both = next_out.shape[0] > 0
+    for i in range(n):
+        g = goal[i]
+        if g >= 0:
+            for j in range(d):
+                out[i, j] = column[g, j]
+        else:
+            for j in range(d):
+                out[i, j] = old[i, j]
+        if both:
+            for j in range(d):
+                next_out[i, j] = out[i, j] if g >= 0 else next_old[i, j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_blend(goal: Any, new: Any, old: Any, out: Any) -> None:  # pragma: no cover
+    """``out[i] = new[i]`` where ``goal[i] >= 0`` (relabeled), else ``old[i]`` (rows)."""
+    n, d = out.shape
+    for i in range(n):
+        if goal[i] >= 0:
+            for j in range(d):
+                out[i, j] = new[i, j]
+        else:
+            for j in range(d):
+                out[i, j] = old[i, j]
+
+
+#: the fused draw and goal copy of a batch (the numba dispatcher itself: no wrapper's call)
+relabel = _nb_relabel
+#: rows of ``new`` where relabeled, of ``old`` elsewhere
+blend = _nb_blend
 
 
 def goal_draw(
@@ -120,15 +178,13 @@ def goal_draw(
     Returns ``(goal, read, mask)``: the goal slots (``-1``: kept), the slot to read each
     item's goal from (its own slot where kept) and ``goal >= 0``.
     """
-    n = slots.shape[0]
-    out = np.empty(n, np.int64)
-    read = np.empty(n, np.int64)
-    mask = np.empty(n, np.bool_)
-    _nb_goal_slots(
+    out = np.empty(slots.shape[0], np.int64)
+    _nb_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
-        geom, log_discount, out, read, mask,
+        log_discount if geom else math.nan, np.empty_like(out), out,
     )  # fmt: skip
-    return out, read, mask
+    mask = out >= 0
+    return out, np.where(mask, out, slots), mask
 
 
 def goal_slots(
