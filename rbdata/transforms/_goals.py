@@ -27,7 +27,18 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["STRATEGIES", "blend", "goal_draw", "goal_slots", "goal_slots_reference", "relabel"]
+from rbdata._numba import voidptr
+
+__all__ = [
+    "STRATEGIES",
+    "blend",
+    "goal_draw",
+    "goal_slots",
+    "goal_slots_reference",
+    "relabel",
+    "uniforms",
+    "uniforms_reference",
+]
 
 #: the strategies and their codes in the kernel
 STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
@@ -101,33 +112,62 @@ def _nb_draw(
         goal[i] = (base + g) % capacity
 
 
+_GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_uniforms(seed: int, u: Any, ncols: int) -> None:  # pragma: no cover
+    """``u[i, c]`` for ``c < ncols``: SplitMix64's output number ``4 * i + c`` from ``seed``."""
+    base = np.uint64(seed)
+    for i in range(u.shape[0]):
+        for c in range(ncols):
+            z = base + np.uint64(4 * i + c + 1) * np.uint64(_GAMMA)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+            z = z ^ (z >> np.uint64(31))
+            u[i, c] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
 @numba.njit(cache=True, nogil=True)
 def _nb_relabel(
-    slots: Any,
-    u: Any,
-    ends: Any,
+    seed: int,
+    n: int,
+    d: int,
     ints: Any,
     floats: Any,
+    ends: Any,
+    u: Any,
     order: Any,
-    goal: Any,
-    column: Any,
-    old: Any,
-    out: Any,
-    next_old: Any,
-    next_out: Any,
+    like: Any,
+    slots_at: int,
+    goal_at: int,
+    column_at: int,
+    old_at: int,
+    out_at: int,
+    next_old_at: int,
+    next_out_at: int,
 ) -> None:  # pragma: no cover
-    """:func:`_nb_draw`, then each item's desired goal: its goal step's row of ``column``.
+    """The uniforms of ``seed``, :func:`_nb_draw`, then each item's desired goal.
 
-    ``ints`` is ``(time, base, capacity, code, n_relabel)``, ``floats`` ``(p_cur, p_traj,
-    log_discount)``. ``out[i]`` is ``column[goal[i]]`` where relabeled, else ``old[i]``; the
-    same blend goes from ``next_old`` to ``next_out`` when they have rows.
+    Addresses (``*_at``) of checked, contiguous CPU memory: ``n`` int64 slots and goal
+    slots, the storage's goal column (``capacity`` rows of ``d`` values of ``like``'s dtype),
+    the batch's desired goals ``old`` and the new ones ``out`` (``n`` rows), the same for
+    ``("next", *desired)`` (``next_out_at`` 0: none). ``ints`` is ``(time, base, capacity,
+    code, n_relabel)``, ``floats`` ``(p_cur, p_traj, log_discount)``; ``u`` (``n`` rows of 4)
+    and ``order`` are scratch. ``out[i]`` is the column's row ``goal[i]`` where relabeled,
+    else ``old[i]``.
     """
+    capacity = ints[2]
+    _nb_uniforms(seed, u, 4 if ints[3] == 3 else 2)
+    slots = numba.carray(voidptr(slots_at), (n,), np.int64)
+    goal = numba.carray(voidptr(goal_at), (n,), np.int64)
     _nb_draw(
-        slots, u, ends, ints[0], ints[1], ints[2], ints[3], ints[4], floats[0], floats[1],
+        slots, u, ends, ints[0], ints[1], capacity, ints[3], ints[4], floats[0], floats[1],
         floats[2], order, goal,
     )  # fmt: skip
-    n, d = out.shape
-    both = next_out.shape[0] > 0
+    column = numba.carray(voidptr(column_at), (capacity, d), like.dtype)
+    old = numba.carray(voidptr(old_at), (n, d), like.dtype)
+    out = numba.carray(voidptr(out_at), (n, d), like.dtype)
     for i in range(n):
         g = goal[i]
         if g >= 0:
@@ -136,15 +176,24 @@ def _nb_relabel(
         else:
             for j in range(d):
                 out[i, j] = old[i, j]
-        if both:
+    if next_out_at != 0:
+        next_old = numba.carray(voidptr(next_old_at), (n, d), like.dtype)
+        next_out = numba.carray(voidptr(next_out_at), (n, d), like.dtype)
+        for i in range(n):
+            src = out if goal[i] >= 0 else next_old
             for j in range(d):
-                next_out[i, j] = out[i, j] if g >= 0 else next_old[i, j]
+                next_out[i, j] = src[i, j]
 
 
 @numba.njit(cache=True, nogil=True)
-def _nb_blend(goal: Any, new: Any, old: Any, out: Any) -> None:  # pragma: no cover
-    """``out[i] = new[i]`` where ``goal[i] >= 0`` (relabeled), else ``old[i]`` (rows)."""
-    n, d = out.shape
+def _nb_blend(
+    n: int, d: int, like: Any, goal_at: int, new_at: int, old_at: int, out_at: int
+) -> None:  # pragma: no cover
+    """``out[i] = new[i]`` where ``goal[i] >= 0`` (relabeled), else ``old[i]`` (addresses)."""
+    goal = numba.carray(voidptr(goal_at), (n,), np.int64)
+    new = numba.carray(voidptr(new_at), (n, d), like.dtype)
+    old = numba.carray(voidptr(old_at), (n, d), like.dtype)
+    out = numba.carray(voidptr(out_at), (n, d), like.dtype)
     for i in range(n):
         if goal[i] >= 0:
             for j in range(d):
@@ -158,6 +207,31 @@ def _nb_blend(goal: Any, new: Any, old: Any, out: Any) -> None:  # pragma: no co
 relabel = _nb_relabel
 #: rows of ``new`` where relabeled, of ``old`` elsewhere
 blend = _nb_blend
+
+
+def uniforms(seed: int, n: int) -> np.ndarray:
+    """The ``(n, 4)`` uniforms in ``[0, 1)`` of a batch's ``seed`` (SplitMix64, one pass)."""
+    u = np.empty((n, 4), np.float64)
+    _nb_uniforms(seed, u, 4)
+    return u
+
+
+def uniforms_reference(seed: int, n: int) -> np.ndarray:
+    """:func:`uniforms` in plain Python: SplitMix64's outputs ``1, 2, ...`` from ``seed``.
+
+    Examples:
+        >>> uniforms_reference(0, 1).round(6).tolist()  # SplitMix64(0): 0xe220a8397b1dcdaf...
+        [[0.883311, 0.431528, 0.026434, 0.970882]]
+    """
+    mask = (1 << 64) - 1
+    out = np.empty((n, 4), np.float64)
+    for k in range(4 * n):
+        z = (seed + (k + 1) * _GAMMA) & mask
+        z = ((z ^ (z >> 30)) * _MIX1) & mask
+        z = ((z ^ (z >> 27)) * _MIX2) & mask
+        z ^= z >> 31
+        out[k // 4, k % 4] = (z >> 11) / 9007199254740992.0
+    return out
 
 
 def goal_draw(

@@ -13,6 +13,7 @@ very same goals.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -51,6 +52,10 @@ def goal_column(storage: Any, key: Key) -> torch.Tensor | None:
     return column if column.is_contiguous() else None
 
 
+def _contiguous(t: torch.Tensor) -> torch.Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
 def relabel_on_cpu(
     her: HindsightRelabel,
     index: torch.Tensor,
@@ -60,55 +65,63 @@ def relabel_on_cpu(
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
     """Draw the goals of a CPU batch and write its desired goals in one kernel.
 
-    ``column``: :func:`goal_column`; ``old``: the batch's desired goals (``None``: every item
-    is relabeled, ``her_ratio`` is 1), of the column's dtype and of shape ``(n, *goal
-    shape)``; ``old_next``: its
-    ``("next", *desired_key)`` entry, blended as well when it is a CPU tensor of the same
-    shape and dtype. Returns ``(desired, next desired or None, goal_index)``.
+    ``column``: :func:`goal_column`, of the episode index's ``capacity`` rows; ``old``: the
+    batch's desired goals (``None``: every item is relabeled, ``her_ratio`` is 1), of the
+    column's dtype and of shape ``(n, *goal shape)``; ``old_next``: its ``("next",
+    *desired_key)`` entry, blended as well when it is a CPU tensor of the same shape and
+    dtype. Draws the batch's seed from the generator. Returns ``(desired, next desired or
+    None, goal_index)``.
     """
     episodes = her.episodes
     n = index.shape[0]
-    u, order = her.uniforms(n)
-    goal = torch.empty(n, dtype=torch.int64)
+    if index.dtype != torch.int64:
+        index = index.to(torch.int64)
+    index = _contiguous(index)
     shape = (n, *column.shape[1:]) if old is None else old.shape
-    desired = torch.empty(shape, dtype=column.dtype)
-    out = desired.numpy().reshape(n, -1)
-    previous = out if old is None else old.numpy().reshape(n, -1)
+    dtype = column.dtype
+    desired = torch.empty(shape, dtype=dtype)
+    old = desired if old is None else _contiguous(old)
     if (
         isinstance(old_next, torch.Tensor)
         and old_next.shape == shape
-        and old_next.dtype == desired.dtype
+        and old_next.dtype == dtype
         and old_next.device.type == "cpu"
     ):
-        new_next: torch.Tensor | None = torch.empty(shape, dtype=desired.dtype)
-        next_out = new_next.numpy().reshape(n, -1)  # type: ignore[union-attr]
-        next_old = old_next.numpy().reshape(n, -1)
+        old_next = _contiguous(old_next)
+        new_next: torch.Tensor | None = torch.empty(shape, dtype=dtype)
+        next_at = new_next.data_ptr()  # type: ignore[union-attr]
     else:
-        new_next, next_out = None, out[:0]
-        next_old = next_out
+        new_next, next_at = None, 0
+    goal = torch.empty(n, dtype=torch.int64)
     ints = her.ints
-    ints[0], ints[1], ints[2], ints[4] = (
-        episodes.time,
-        episodes.base,
-        episodes.capacity,
-        int(her.her_ratio * n),
-    )
-    slots = index.numpy()
-    if slots.dtype != np.int64:
-        slots = slots.astype(np.int64)
-    rows = column.numpy().reshape(column.shape[0], -1)
+    ints[0], ints[1], ints[2] = episodes.time, episodes.base, column.shape[0]
+    ints[4] = int(her.her_ratio * n)
+    u, order = her.scratch(n)
     relabel(
-        slots, u, episodes.ends, ints, her.floats, order, goal.numpy(), rows, previous, out,
-        next_old, next_out,
+        her.seed(), n, math.prod(column.shape[1:]), ints, her.floats, episodes.ends, u, order,
+        like(dtype), index.data_ptr(), goal.data_ptr(), column.data_ptr(), old.data_ptr(),
+        desired.data_ptr(), old_next.data_ptr() if next_at else 0, next_at,
     )  # fmt: skip
     return desired, new_next, goal
+
+
+_LIKE: dict[torch.dtype, np.ndarray] = {}
+
+
+def like(dtype: torch.dtype) -> np.ndarray:
+    """An empty numpy array of ``dtype``: what types a kernel's views of raw addresses."""
+    arr = _LIKE.get(dtype)
+    if arr is None:
+        arr = _LIKE[dtype] = torch.empty(0, dtype=dtype).numpy()
+    return arr
 
 
 def set_rewards(goal: torch.Tensor, reward: torch.Tensor, old: torch.Tensor) -> torch.Tensor | None:
     """``reward`` on the relabeled items, ``old`` elsewhere, in one kernel (or ``None``).
 
-    ``None`` where the kernel cannot do it (a GPU tensor, dtypes that differ): the caller then
-    blends with ``torch.where``.
+    ``goal``: the batch's int64 goal slots (``-1``: kept). ``None`` where the kernel cannot
+    do it (a GPU tensor, dtypes or shapes that differ, a reward that needs its gradient): the
+    caller then blends with ``torch.where``.
     """
     if (
         reward.device.type != "cpu"
@@ -120,11 +133,10 @@ def set_rewards(goal: torch.Tensor, reward: torch.Tensor, old: torch.Tensor) -> 
     ):
         return None
     n = goal.shape[0]
+    reward, old = _contiguous(reward), _contiguous(old)
     out = torch.empty(old.shape, dtype=old.dtype)
     blend(
-        goal.numpy(),
-        reward.numpy().reshape(n, -1),
-        old.numpy().reshape(n, -1),
-        out.numpy().reshape(n, -1),
-    )
+        n, old.numel() // n if n else 0, like(old.dtype), goal.data_ptr(), reward.data_ptr(),
+        old.data_ptr(), out.data_ptr(),
+    )  # fmt: skip
     return out

@@ -18,7 +18,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
-from rbdata.transforms._goals import STRATEGIES, goal_draw
+from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
 from rbdata.transforms._relabel_cpu import goal_column, relabel_on_cpu, set_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
@@ -204,7 +204,8 @@ class HindsightRelabel:
         self.ints = np.array([0, 0, 0, self._code, 0], np.int64)
         log_discount = self._log_discount if self.geom_sample else math.nan
         self.floats = np.array([self.goal_probs[0], self.goal_probs[1], log_discount])
-        self._scratch: tuple[torch.Tensor, np.ndarray, np.ndarray] | None = None
+        self._scratch: tuple[np.ndarray, np.ndarray] | None = None
+        self._seed = torch.empty((), dtype=torch.int64)
         if generator is None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             generator = torch.Generator().manual_seed(seed)
@@ -217,17 +218,16 @@ class HindsightRelabel:
         )
 
     # --- the draw -----------------------------------------------------------------------------
-    def uniforms(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """One batch's uniforms, ``(n, 4)`` doubles from the generator, and scratch of ``n``.
+    def seed(self) -> int:
+        """A batch's seed: one 63-bit draw from the generator (its uniforms: ``uniforms``)."""
+        return int(self._seed.random_(generator=self.generator).item())
 
-        The arrays are reused from batch to batch (valid until the next call).
-        """
+    def scratch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(n, 4)`` doubles and ``n`` int64 of kernel scratch, reused from batch to batch."""
         scratch = self._scratch
-        if scratch is None or scratch[2].shape[0] != n:
-            u = torch.empty((n, 4), dtype=torch.float64)
-            scratch = self._scratch = (u, u.numpy(), np.empty(n, np.int64))
-        torch.rand((n, 4), generator=self.generator, dtype=torch.float64, out=scratch[0])
-        return scratch[1], scratch[2]
+        if scratch is None or scratch[1].shape[0] != n:
+            scratch = self._scratch = (np.empty((n, 4), np.float64), np.empty(n, np.int64))
+        return scratch
 
     def _sync(self) -> None:
         episodes = self.episodes
@@ -240,7 +240,7 @@ class HindsightRelabel:
         self._sync()
         episodes = self.episodes
         n = int(index.shape[0])
-        u = self.uniforms(n)[0]
+        u = uniforms(self.seed(), n)
         slots = index.numpy() if index.device.type == "cpu" else index.cpu().numpy()
         return goal_draw(
             slots.astype(np.int64, copy=False),
@@ -259,8 +259,8 @@ class HindsightRelabel:
     def goal_slots(self, index: torch.Tensor) -> torch.Tensor:
         """The goal slot of each sampled slot in ``index`` (``-1``: not relabeled).
 
-        Draws from the generator (one ``torch.rand`` of ``(len(index), 4)`` doubles); the
-        episode index is synced with the storage first.
+        Draws one seed from the generator (:meth:`seed`), the same draws as a relabeled
+        batch; the episode index is synced with the storage first.
         """
         return torch.from_numpy(self._draw(index)[0])
 
@@ -293,6 +293,7 @@ class HindsightRelabel:
         column = goal_column(self.storage, self.goal_key) if achieved.device.type == "cpu" else None
         if (
             column is not None
+            and column.shape[0] == self.episodes.capacity
             and index.device.type == "cpu"
             and (old is None or (old.shape == (index.shape[0], *column.shape[1:])
                                  and old.dtype == column.dtype and old.device.type == "cpu"))
