@@ -344,3 +344,36 @@ def test_ogbench_goals_on_an_ogbench_dataset(tmp_path) -> None:
         assert (goal >= index).all()
         assert torch.equal(batch["goal"], rows["observation"][goal])
         assert torch.equal(batch["next", "reward"].squeeze(1), (goal == index).float() - 1.0)
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "ogbench"])
+def test_the_cpu_kernel_path_equals_the_general_path(strategy: str) -> None:
+    """Tensor storage (one fused kernel) and list storage (gather + torch.where): same batch."""
+    capacity = 40
+    fast, slow = TensorStorage(capacity), ListStorage(capacity)
+    filled(capacity, 90, seed=4, storage=fast)
+    filled(capacity, 90, seed=4, storage=slow)
+    make = lambda store: HindsightRelabel(  # noqa: E731
+        store, strategy=strategy, reward_fn=fetch_reward, generator=torch.Generator().manual_seed(2)
+    )
+    her_fast, her_slow = make(fast), make(slow)
+    for _ in range(4):
+        index = torch.randint(capacity, (37,))
+        a = her_fast(fast.gather(index, {"index": index}))
+        b = her_slow(slow.gather(index, {"index": index}))
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
+    # a batch the kernel cannot take as it is (non-contiguous goals, another dtype next goal)
+    index = torch.arange(6)
+    batch = fast.gather(index, {"index": index})
+    batch["observation", "desired_goal"] = batch["observation", "desired_goal"].t().contiguous().t()
+    batch["next", "observation", "desired_goal"] = batch[
+        "next", "observation", "desired_goal"
+    ].float()
+    out = her_fast(batch)
+    relabeled = out["goal_index"] >= 0
+    assert torch.equal(
+        out["next", "observation", "desired_goal"][relabeled],
+        out["observation", "desired_goal"][relabeled].float(),
+    )
