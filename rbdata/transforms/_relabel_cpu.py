@@ -47,7 +47,7 @@ def goal_column(storage: Any, key: Key) -> torch.Tensor | None:
     if buffers is None:
         return None
     column = buffers[keys.index(key)]
-    if column.device.type != "cpu" or column.dtype not in FAST_DTYPES:
+    if not column.is_cpu or column.dtype not in FAST_DTYPES:
         return None
     return column if column.is_contiguous() else None
 
@@ -77,22 +77,25 @@ def relabel_on_cpu(
     if index.dtype != torch.int64:
         index = index.to(torch.int64)
     index = _contiguous(index)
-    shape = (n, *column.shape[1:]) if old is None else old.shape
     dtype = column.dtype
-    desired = torch.empty(shape, dtype=dtype)
-    old = desired if old is None else _contiguous(old)
+    if old is None:
+        old = desired = torch.empty((n, *column.shape[1:]), dtype=dtype)
+    else:
+        old = _contiguous(old)
+        desired = torch.empty_like(old)  # empty_like: ~0.7 us less than empty(shape)
+    shape = old.shape
     if (
         isinstance(old_next, torch.Tensor)
         and old_next.shape == shape
         and old_next.dtype == dtype
-        and old_next.device.type == "cpu"
+        and old_next.is_cpu
     ):
         old_next = _contiguous(old_next)
-        new_next: torch.Tensor | None = torch.empty(shape, dtype=dtype)
+        new_next: torch.Tensor | None = torch.empty_like(old_next)
         next_at = new_next.data_ptr()  # type: ignore[union-attr]
     else:
         new_next, next_at = None, 0
-    goal = torch.empty(n, dtype=torch.int64)
+    goal = torch.empty_like(index)
     ints = her.ints
     ints[0], ints[1], ints[2] = episodes.time, episodes.base, column.shape[0]
     ints[4] = int(her.her_ratio * n)
@@ -124,8 +127,8 @@ def set_rewards(goal: torch.Tensor, reward: torch.Tensor, old: torch.Tensor) -> 
     caller then blends with ``torch.where``.
     """
     if (
-        reward.device.type != "cpu"
-        or old.device.type != "cpu"
+        not reward.is_cpu
+        or not old.is_cpu
         or reward.dtype != old.dtype
         or old.dtype not in FAST_DTYPES
         or reward.requires_grad
@@ -134,7 +137,7 @@ def set_rewards(goal: torch.Tensor, reward: torch.Tensor, old: torch.Tensor) -> 
         return None
     n = goal.shape[0]
     reward, old = _contiguous(reward), _contiguous(old)
-    out = torch.empty(old.shape, dtype=old.dtype)
+    out = torch.empty_like(old)
     blend(
         n, old.numel() // n if n else 0, like(old.dtype), goal.data_ptr(), reward.data_ptr(),
         old.data_ptr(), out.data_ptr(),

@@ -290,13 +290,13 @@ class HindsightRelabel:
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )
         old_next = _get(batch, self._next_desired)
-        column = goal_column(self.storage, self.goal_key) if achieved.device.type == "cpu" else None
+        column = goal_column(self.storage, self.goal_key) if achieved.is_cpu else None
         if (
             column is not None
+            and index.is_cpu
             and column.shape[0] == self.episodes.capacity
-            and index.device.type == "cpu"
-            and (old is None or (old.shape == (index.shape[0], *column.shape[1:])
-                                 and old.dtype == column.dtype and old.device.type == "cpu"))
+            and (old is None or (old.is_cpu and old.dtype == column.dtype
+                                 and old.shape == (index.shape[0], *column.shape[1:])))
         ):  # fmt: skip
             self._sync()
             desired, new_next, goal_index = relabel_on_cpu(self, index, old, old_next, column)
@@ -350,10 +350,12 @@ class HindsightRelabel:
     ) -> None:
         n = batch.batch_size[0]
         reward = self.reward_fn(achieved, desired, batch)
-        device = goal_index.device
+        cpu = goal_index.is_cpu
         try:
-            if not isinstance(reward, torch.Tensor) or reward.device != device:
-                reward = torch.as_tensor(reward, device=device)
+            if not isinstance(reward, torch.Tensor) or (
+                reward.is_cpu is not cpu or (not cpu and reward.device != goal_index.device)
+            ):
+                reward = torch.as_tensor(reward, device=goal_index.device)
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(
                 f"reward_fn must return one reward per item (a tensor or array), got "
@@ -370,7 +372,7 @@ class HindsightRelabel:
                 reward = reward.reshape(old.shape)
             if reward.dtype != old.dtype:
                 reward = reward.to(old.dtype)
-            blended = set_rewards(goal_index, reward, old) if device.type == "cpu" else None
+            blended = set_rewards(goal_index, reward, old) if cpu else None
             if blended is None:
                 mask = (goal_index >= 0).view((-1,) + (1,) * (old.dim() - 1))
                 blended = torch.where(mask, reward, old)
