@@ -44,6 +44,22 @@ __all__ = [
 STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lower_bound(a: Any, n: int, x: int) -> int:  # pragma: no cover
+    """``np.searchsorted(a[:n], x)`` without data-dependent branches (random ``x`` mispredict).
+
+    A fixed number of halvings whose step is taken by arithmetic, not by a jump.
+    """
+    if n == 0:
+        return 0
+    base = 0
+    while n > 1:
+        half = n >> 1
+        base += half * (a[base + half] < x)
+        n -= half
+    return base + (a[base] < x)
+
+
 @numba.njit(cache=True, nogil=True)
 def _nb_draw(
     slots: Any,
@@ -78,7 +94,7 @@ def _nb_draw(
     for r in range(n_relabel):
         i = order[r]
         t = oldest + (slots[i] - base - oldest) % capacity
-        k = np.searchsorted(ends, t)  # the first end at or after t
+        k = _lower_bound(ends, nends, t)  # the first end at or after t
         e = ends[k] if k < nends else time - 1
         s = ends[k - 1] + 1 if k > 0 else oldest
         if s < oldest:
@@ -168,21 +184,25 @@ def _nb_relabel(
     column = numba.carray(voidptr(column_at), (capacity, d), like.dtype)
     old = numba.carray(voidptr(old_at), (n, d), like.dtype)
     out = numba.carray(voidptr(out_at), (n, d), like.dtype)
-    for i in range(n):
+    # ``order[:n_relabel]`` are the relabeled items: two loops without a data-dependent
+    # branch, so the column's random rows (cache misses) are read in parallel
+    n_relabel = ints[4]
+    for r in range(n_relabel):
+        i = order[r]
         g = goal[i]
-        if g >= 0:
-            for j in range(d):
-                out[i, j] = column[g, j]
-        else:
-            for j in range(d):
-                out[i, j] = old[i, j]
+        for j in range(d):
+            out[i, j] = column[g, j]
+    for r in range(n_relabel, n):
+        i = order[r]
+        for j in range(d):
+            out[i, j] = old[i, j]
     if next_out_at != 0:
         next_old = numba.carray(voidptr(next_old_at), (n, d), like.dtype)
         next_out = numba.carray(voidptr(next_out_at), (n, d), like.dtype)
-        for i in range(n):
-            src = out if goal[i] >= 0 else next_old
+        for r in range(n):
+            i = order[r]
             for j in range(d):
-                next_out[i, j] = src[i, j]
+                next_out[i, j] = out[i, j] if r < n_relabel else next_old[i, j]
 
 
 @numba.njit(cache=True, nogil=True)
