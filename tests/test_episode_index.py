@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rbdata import ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
+from rbdata import ArrowStorage, ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
 from rbdata.transforms import EpisodeIndex
 from rbdata.transforms._goals import STRATEGIES, goal_slots, goal_slots_reference
 from tests._ring import Ring
@@ -28,6 +28,8 @@ def _storage(kind: str, capacity: int, tmp_path: Path):
         return TensorStorage(capacity)
     if kind == "list":
         return ListStorage(capacity)
+    if kind == "arrow":
+        return ArrowStorage(capacity, tmp_path / "arrow", chunk_size=5)
     return MemmapStorage(capacity, tmp_path / "mm")
 
 
@@ -72,7 +74,7 @@ def test_traj_key_ids_give_the_same_bounds() -> None:
         assert list(zip(first.tolist(), last.tolist(), strict=True)) == expected
 
 
-@pytest.mark.parametrize("kind", ["tensor", "list", "memmap"])
+@pytest.mark.parametrize("kind", ["tensor", "list", "memmap", "arrow"])
 @pytest.mark.parametrize("turns", [1, 2])
 def test_whole_turns_between_two_looks_are_seen(kind: str, turns: int, tmp_path: Path) -> None:
     """A write of exactly C (or 2C) steps leaves len and next_slot as they were: still seen."""
