@@ -134,3 +134,18 @@ def test_numba_kernel_equals_the_python_reference(strategy: str, geom: bool) -> 
         u = rng.random((64, 4))
         args = (slots, u, ends, time, base, capacity, strategy, 40, (0.2, 0.5, 0.3), geom, 0.9)
         assert goal_slots(*args).tolist() == goal_slots_reference(*args).tolist()
+
+
+@pytest.mark.parametrize("kind", ["tensor", "list", "memmap"])
+def test_a_checkpoint_loaded_into_the_storage_is_seen(kind: str, tmp_path: Path) -> None:
+    """``rb.load`` replaces every item, len and next_slot as they were: still re-indexed."""
+    capacity = 6
+    saved = ReplayBuffer(_storage(kind, capacity, tmp_path / "a"))
+    saved.extend(_items([False, False, False, False, False, True], 0))
+    saved.dumps(tmp_path / "ckpt", fsync=False)
+    rb = ReplayBuffer(_storage(kind, capacity, tmp_path / "b"))
+    rb.extend(_items([True, False, True, False, True, False], 0))
+    episodes = EpisodeIndex(rb.storage)
+    assert episodes.bounds(torch.tensor([3]))[1].tolist() == [4]
+    rb.load(tmp_path / "ckpt")
+    assert episodes.bounds(torch.tensor([3]))[1].tolist() == [5]

@@ -369,11 +369,11 @@ class TensorStorage(Storage):
     def copy_from(self, src: Storage) -> None:
         """Buffer to buffer from another tensor storage (any device), else rows as the base."""
         if not isinstance(src, TensorStorage):
-            super().copy_from(src)
-            return
+            return super().copy_from(src)
         from rbdata.storages.memmap import _persist
 
         _persist.copy_tensors(self, src)
+        self._items_written += len(src)  # whatever class: see Storage.items_written
 
     @classmethod
     def check_layout(cls, layout: Layout) -> None:

@@ -214,8 +214,8 @@ class MemmapStorage(MemmapFiles):
 
     @property
     def items_written(self) -> int:
-        """:attr:`write_count`: every process's writes (see ``Storage.items_written``)."""
-        return self.write_count
+        """:attr:`write_count` (every process's writes) + the items loaded by ``copy_from``."""
+        return self.write_count + self._items_written
 
     @property
     def last_write(self) -> tuple[int, int]:
