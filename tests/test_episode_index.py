@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from rbdata import ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
+from rbdata import ArrowStorage, ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
 from rbdata.transforms import EpisodeIndex
 from rbdata.transforms._goals import STRATEGIES, goal_slots, goal_slots_reference
 from tests._ring import Ring
@@ -28,6 +28,8 @@ def _storage(kind: str, capacity: int, tmp_path: Path):
         return TensorStorage(capacity)
     if kind == "list":
         return ListStorage(capacity)
+    if kind == "arrow":
+        return ArrowStorage(capacity, tmp_path / "arrow", chunk_size=5)
     return MemmapStorage(capacity, tmp_path / "mm")
 
 
@@ -41,9 +43,8 @@ def test_bounds_match_the_brute_force_ring(kind: str, seed: int, tmp_path: Path)
     model = Ring(capacity)
     episodes = EpisodeIndex(storage)
     for _ in range(15):
-        # chunks up to a whole turn (counted storages see it; the others see a write through
-        # the length and next slot, which a whole turn leaves as they were)
-        n = rng.randint(1, capacity if kind == "memmap" else capacity - 1)
+        # chunks up to a whole turn (which leaves the length and next slot as they were)
+        n = rng.randint(1, capacity)
         done = [rng.random() < 0.2 for _ in range(n)]
         rb.extend(_items(done, len(model.done)))
         model.write(done)
@@ -73,15 +74,41 @@ def test_traj_key_ids_give_the_same_bounds() -> None:
         assert list(zip(first.tolist(), last.tolist(), strict=True)) == expected
 
 
-def test_a_whole_turn_on_an_uncounted_storage_needs_rebuild() -> None:
+@pytest.mark.parametrize("kind", ["tensor", "list", "memmap", "arrow"])
+@pytest.mark.parametrize("turns", [1, 2])
+def test_whole_turns_between_two_looks_are_seen(kind: str, turns: int, tmp_path: Path) -> None:
+    """A write of exactly C (or 2C) steps leaves len and next_slot as they were: still seen."""
+    capacity = 12
+    storage = _storage(kind, capacity, tmp_path)
+    rb = ReplayBuffer(storage)
+    model = Ring(capacity)
+    episodes = EpisodeIndex(storage)
+    rng = random.Random(turns)
+    for p_end, first in [(0.3, 5), (0.1, capacity * turns), (0.5, capacity * turns)]:
+        for n in (first,) if first < capacity else (capacity,) * turns:
+            done = [rng.random() < p_end for _ in range(n)]
+            rb.extend(_items(done, len(model.done)))
+            model.write(done)
+        first_slot, last_slot, finished = episodes.bounds(torch.arange(len(storage)))
+        expected = [model.bounds(s) for s in range(len(storage))]
+        assert first_slot.tolist() == [e[0] for e in expected]
+        assert last_slot.tolist() == [e[1] for e in expected]
+        assert finished.tolist() == [e[2] for e in expected]
+
+
+def test_storage_set_and_single_adds_are_seen() -> None:
+    """Writes that bypass the buffer (``storage.set``) and per-step adds count too."""
     storage = TensorStorage(4)
     rb = ReplayBuffer(storage)
     rb.extend(_items([False, True, False, False], 0))
     episodes = EpisodeIndex(storage)
     assert episodes.bounds(torch.tensor([0]))[1].tolist() == [1]
-    rb.extend(_items([False, False, False, True], 4))  # a whole turn: len and next unchanged
-    episodes.rebuild()
+    storage.set(slice(0, 4), _items([False, False, False, True], 4))  # a whole turn
     assert episodes.bounds(torch.tensor([0]))[1].tolist() == [3]
+    for t, done in enumerate([True, False, False, False], 8):  # one step at a time
+        rb.add({"t": torch.tensor(t), "next": {"done": torch.tensor([done])}})
+    assert episodes.bounds(torch.tensor([0, 1]))[1].tolist() == [0, 3]
+    assert episodes.bounds(torch.tensor([0, 1]))[2].tolist() == [True, False]
 
 
 def test_missing_key_and_bad_arguments() -> None:
@@ -107,3 +134,18 @@ def test_numba_kernel_equals_the_python_reference(strategy: str, geom: bool) -> 
         u = rng.random((64, 4))
         args = (slots, u, ends, time, base, capacity, strategy, 40, (0.2, 0.5, 0.3), geom, 0.9)
         assert goal_slots(*args).tolist() == goal_slots_reference(*args).tolist()
+
+
+@pytest.mark.parametrize("kind", ["tensor", "list", "memmap"])
+def test_a_checkpoint_loaded_into_the_storage_is_seen(kind: str, tmp_path: Path) -> None:
+    """``rb.load`` replaces every item, len and next_slot as they were: still re-indexed."""
+    capacity = 6
+    saved = ReplayBuffer(_storage(kind, capacity, tmp_path / "a"))
+    saved.extend(_items([False, False, False, False, False, True], 0))
+    saved.dumps(tmp_path / "ckpt", fsync=False)
+    rb = ReplayBuffer(_storage(kind, capacity, tmp_path / "b"))
+    rb.extend(_items([True, False, True, False, True, False], 0))
+    episodes = EpisodeIndex(rb.storage)
+    assert episodes.bounds(torch.tensor([3]))[1].tolist() == [4]
+    rb.load(tmp_path / "ckpt")
+    assert episodes.bounds(torch.tensor([3]))[1].tolist() == [5]

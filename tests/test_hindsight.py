@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from rbdata import HindsightRelabel, ListStorage, ReplayBuffer, SliceSampler, TensorStorage
+from rbdata.transforms._goals import uniforms, uniforms_reference
 from tests._ring import Ring
 
 STRATEGIES = ["future", "final", "episode"]
@@ -115,9 +116,9 @@ def test_goal_slots_equal_a_per_item_replay_of_the_same_draws(strategy: str) -> 
         state = gen.get_state()
         index = torch.randint(capacity, (batch,))
         got = her(rb.storage.gather(index, {"index": index}))["goal_index"].tolist()
-        u = torch.rand(
-            (batch, 4), generator=torch.Generator().set_state(state), dtype=torch.float64
-        )
+        replay = torch.Generator().set_state(state)
+        seed = int(torch.empty((), dtype=torch.int64).random_(generator=replay))
+        u = uniforms_reference(seed, batch)  # SplitMix64 in plain Python
         order = list(range(batch))
         for i in range(batch // 2):  # the random subset: a partial Fisher-Yates shuffle
             j = i + min(int(u[i, 0] * (batch - i)), batch - i - 1)
@@ -133,6 +134,13 @@ def test_goal_slots_equal_a_per_item_replay_of_the_same_draws(strategy: str) -> 
             }
             expected[i] = g[strategy] % capacity
         assert got == expected
+
+
+def test_the_kernel_uniforms_equal_the_python_splitmix64() -> None:
+    for seed in (0, 1, 12345, 2**63 - 1):
+        assert np.array_equal(uniforms(seed, 33), uniforms_reference(seed, 33))
+    # SplitMix64's published first output from seed 0
+    assert uniforms_reference(0, 1)[0, 0] == (0xE220A8397B1DCDAF >> 11) / 2.0**53
 
 
 def chi_square_ok(counts: Counter, probs: dict[int, float], draws: int) -> None:
@@ -336,3 +344,36 @@ def test_ogbench_goals_on_an_ogbench_dataset(tmp_path) -> None:
         assert (goal >= index).all()
         assert torch.equal(batch["goal"], rows["observation"][goal])
         assert torch.equal(batch["next", "reward"].squeeze(1), (goal == index).float() - 1.0)
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "ogbench"])
+def test_the_cpu_kernel_path_equals_the_general_path(strategy: str) -> None:
+    """Tensor storage (one fused kernel) and list storage (gather + torch.where): same batch."""
+    capacity = 40
+    fast, slow = TensorStorage(capacity), ListStorage(capacity)
+    filled(capacity, 90, seed=4, storage=fast)
+    filled(capacity, 90, seed=4, storage=slow)
+    make = lambda store: HindsightRelabel(  # noqa: E731
+        store, strategy=strategy, reward_fn=fetch_reward, generator=torch.Generator().manual_seed(2)
+    )
+    her_fast, her_slow = make(fast), make(slow)
+    for _ in range(4):
+        index = torch.randint(capacity, (37,))
+        a = her_fast(fast.gather(index, {"index": index}))
+        b = her_slow(slow.gather(index, {"index": index}))
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
+    # a batch the kernel cannot take as it is (non-contiguous goals, another dtype next goal)
+    index = torch.arange(6)
+    batch = fast.gather(index, {"index": index})
+    batch["observation", "desired_goal"] = batch["observation", "desired_goal"].t().contiguous().t()
+    batch["next", "observation", "desired_goal"] = batch[
+        "next", "observation", "desired_goal"
+    ].float()
+    out = her_fast(batch)
+    relabeled = out["goal_index"] >= 0
+    assert torch.equal(
+        out["next", "observation", "desired_goal"][relabeled],
+        out["observation", "desired_goal"][relabeled].float(),
+    )

@@ -83,6 +83,7 @@ class Storage(PersistenceHooks, Dataset[Any]):
     #: Declared by each class for itself, never inherited (a subclass may do more per item
     #: in ``commit``): ``False`` unless the class's own body sets it.
     writes_rows: ClassVar[bool] = False
+    _items_written = 0  # see items_written; every write path adds to it
 
     @final
     def __init_subclass__(cls, **kwargs: Any) -> None:
@@ -150,6 +151,16 @@ class Storage(PersistenceHooks, Dataset[Any]):
     def write_count(self) -> int | None:
         """Items committed so far by every process (``None`` if the storage does not count)."""
         return None
+
+    @property
+    def items_written(self) -> int:
+        """Items written so far, overwritten ones included: only grows, whatever the write path.
+
+        Readers that index the items (:class:`~rbdata.transforms.EpisodeIndex`) see every
+        write of this process by comparing two values (one of a whole multiple of the capacity
+        included); a shared storage also counts other processes' (its :attr:`write_count`).
+        """
+        return self._items_written
 
     @property
     def last_write(self) -> tuple[int, int]:
@@ -289,6 +300,7 @@ class Storage(PersistenceHooks, Dataset[Any]):
             self._write_one(target.first, prepared.payload)
         else:
             self._write(target, prepared.payload)
+        self._items_written += target.n
         if target.top > len(self):
             self._set_length(target.top)
         self._set_next(target.next_slot(self.capacity, self.next_slot))

@@ -223,6 +223,7 @@ class ListStorage(Storage):
         self._items, self._objects, self._layout = list(src._items), src._objects, src._layout
         self._set_length(len(src))
         self._set_next(src.next_slot)
+        self._items_written += len(src)
 
     @classmethod
     def describe(

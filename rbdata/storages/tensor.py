@@ -220,7 +220,7 @@ class TensorStorage(Storage):
         top = slot + 1
         if top > self._length:
             self._length = top
-        self._next = top if top < self._capacity else 0
+        self._next, self._items_written = top % self._capacity, self._items_written + 1
         return True
 
     def _unpack_batch(
@@ -278,6 +278,7 @@ class TensorStorage(Storage):
         if top > self._length:
             self._length = top
         self._next = (start + n) % self._capacity
+        self._items_written += n
         return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
@@ -369,11 +370,11 @@ class TensorStorage(Storage):
     def copy_from(self, src: Storage) -> None:
         """Buffer to buffer from another tensor storage (any device), else rows as the base."""
         if not isinstance(src, TensorStorage):
-            super().copy_from(src)
-            return
+            return super().copy_from(src)
         from rbdata.storages.memmap import _persist
 
         _persist.copy_tensors(self, src)
+        self._items_written += len(src)  # whatever class: see Storage.items_written
 
     @classmethod
     def check_layout(cls, layout: Layout) -> None:

@@ -27,14 +27,41 @@ from typing import Any
 import numba
 import numpy as np
 
-__all__ = ["STRATEGIES", "goal_draw", "goal_slots", "goal_slots_reference"]
+from rbdata._numba import voidptr
+
+__all__ = [
+    "STRATEGIES",
+    "blend",
+    "goal_draw",
+    "goal_slots",
+    "goal_slots_reference",
+    "relabel",
+    "uniforms",
+    "uniforms_reference",
+]
 
 #: the strategies and their codes in the kernel
 STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _lower_bound(a: Any, n: int, x: int) -> int:  # pragma: no cover
+    """``np.searchsorted(a[:n], x)`` without data-dependent branches (random ``x`` mispredict).
+
+    A fixed number of halvings whose step is taken by arithmetic, not by a jump.
+    """
+    if n == 0:
+        return 0
+    base = 0
+    while n > 1:
+        half = n >> 1
+        base += half * (a[base + half] < x)
+        n -= half
+    return base + (a[base] < x)
+
+
 @numba.njit(cache=True, nogil=True)
-def _nb_goal_slots(
+def _nb_draw(
     slots: Any,
     u: Any,
     ends: Any,
@@ -45,29 +72,29 @@ def _nb_goal_slots(
     n_relabel: int,
     p_cur: float,
     p_traj: float,
-    geom: bool,
     log_discount: float,
-    out: Any,
-    read: Any,
-    mask: Any,
+    order: Any,
+    goal: Any,
 ) -> None:  # pragma: no cover
+    """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order`` is scratch space.
+
+    ``log_discount`` is ``nan`` for OGBench's uniform later steps (``geom_sample=False``).
+    """
     n = slots.shape[0]
     oldest = max(0, time - capacity)
     held = time - oldest
-    order = np.empty(n, np.int64)
     for i in range(n):
-        out[i] = -1
-        read[i] = slots[i]
-        mask[i] = False
+        goal[i] = -1
         order[i] = i
     for i in range(n_relabel):  # a uniformly random subset of n_relabel items
         j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
         order[i], order[j] = order[j], order[i]
     nends = ends.shape[0]
+    geom = not math.isnan(log_discount)
     for r in range(n_relabel):
         i = order[r]
         t = oldest + (slots[i] - base - oldest) % capacity
-        k = np.searchsorted(ends, t)  # the first end at or after t
+        k = _lower_bound(ends, nends, t)  # the first end at or after t
         e = ends[k] if k < nends else time - 1
         s = ends[k - 1] + 1 if k > 0 else oldest
         if s < oldest:
@@ -98,8 +125,133 @@ def _nb_goal_slots(
                     g = int(np.rint(a * w + e * (1.0 - w)))
             else:
                 g = oldest + min(int(u[i, 3] * held), held - 1)
-        out[i] = read[i] = (base + g) % capacity
-        mask[i] = True
+        goal[i] = (base + g) % capacity
+
+
+_GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_uniforms(seed: int, u: Any, ncols: int) -> None:  # pragma: no cover
+    """``u[i, c]`` for ``c < ncols``: SplitMix64's output number ``4 * i + c`` from ``seed``."""
+    base = np.uint64(seed)
+    for i in range(u.shape[0]):
+        for c in range(ncols):
+            z = base + np.uint64(4 * i + c + 1) * np.uint64(_GAMMA)
+            z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+            z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+            z = z ^ (z >> np.uint64(31))
+            u[i, c] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_relabel(
+    seed: int,
+    n: int,
+    d: int,
+    ints: Any,
+    floats: Any,
+    ends: Any,
+    u: Any,
+    order: Any,
+    like: Any,
+    slots_at: int,
+    goal_at: int,
+    column_at: int,
+    old_at: int,
+    out_at: int,
+    next_old_at: int,
+    next_out_at: int,
+) -> None:  # pragma: no cover
+    """The uniforms of ``seed``, :func:`_nb_draw`, then each item's desired goal.
+
+    Addresses (``*_at``) of checked, contiguous CPU memory: ``n`` int64 slots and goal
+    slots, the storage's goal column (``capacity`` rows of ``d`` values of ``like``'s dtype),
+    the batch's desired goals ``old`` and the new ones ``out`` (``n`` rows), the same for
+    ``("next", *desired)`` (``next_out_at`` 0: none). ``ints`` is ``(time, base, capacity,
+    code, n_relabel)``, ``floats`` ``(p_cur, p_traj, log_discount)``; ``u`` (``n`` rows of 4)
+    and ``order`` are scratch. ``out[i]`` is the column's row ``goal[i]`` where relabeled,
+    else ``old[i]``.
+    """
+    capacity = ints[2]
+    _nb_uniforms(seed, u, 4 if ints[3] == 3 else 2)
+    slots = numba.carray(voidptr(slots_at), (n,), np.int64)
+    goal = numba.carray(voidptr(goal_at), (n,), np.int64)
+    _nb_draw(
+        slots, u, ends, ints[0], ints[1], capacity, ints[3], ints[4], floats[0], floats[1],
+        floats[2], order, goal,
+    )  # fmt: skip
+    column = numba.carray(voidptr(column_at), (capacity, d), like.dtype)
+    old = numba.carray(voidptr(old_at), (n, d), like.dtype)
+    out = numba.carray(voidptr(out_at), (n, d), like.dtype)
+    # ``order[:n_relabel]`` are the relabeled items: two loops without a data-dependent
+    # branch, so the column's random rows (cache misses) are read in parallel
+    n_relabel = ints[4]
+    for r in range(n_relabel):
+        i = order[r]
+        g = goal[i]
+        for j in range(d):
+            out[i, j] = column[g, j]
+    for r in range(n_relabel, n):
+        i = order[r]
+        for j in range(d):
+            out[i, j] = old[i, j]
+    if next_out_at != 0:
+        next_old = numba.carray(voidptr(next_old_at), (n, d), like.dtype)
+        next_out = numba.carray(voidptr(next_out_at), (n, d), like.dtype)
+        for r in range(n):
+            i = order[r]
+            for j in range(d):
+                next_out[i, j] = out[i, j] if r < n_relabel else next_old[i, j]
+
+
+@numba.njit(cache=True, nogil=True)
+def _nb_blend(
+    n: int, d: int, like: Any, goal_at: int, new_at: int, old_at: int, out_at: int
+) -> None:  # pragma: no cover
+    """``out[i] = new[i]`` where ``goal[i] >= 0`` (relabeled), else ``old[i]`` (addresses)."""
+    goal = numba.carray(voidptr(goal_at), (n,), np.int64)
+    new = numba.carray(voidptr(new_at), (n, d), like.dtype)
+    old = numba.carray(voidptr(old_at), (n, d), like.dtype)
+    out = numba.carray(voidptr(out_at), (n, d), like.dtype)
+    for i in range(n):
+        if goal[i] >= 0:
+            for j in range(d):
+                out[i, j] = new[i, j]
+        else:
+            for j in range(d):
+                out[i, j] = old[i, j]
+
+
+#: the fused draw and goal copy of a batch (the numba dispatcher itself: no wrapper's call)
+relabel = _nb_relabel
+#: rows of ``new`` where relabeled, of ``old`` elsewhere
+blend = _nb_blend
+
+
+def uniforms(seed: int, n: int) -> np.ndarray:
+    """The ``(n, 4)`` uniforms in ``[0, 1)`` of a batch's ``seed`` (SplitMix64, one pass)."""
+    u = np.empty((n, 4), np.float64)
+    _nb_uniforms(seed, u, 4)
+    return u
+
+
+def uniforms_reference(seed: int, n: int) -> np.ndarray:
+    """:func:`uniforms` in plain Python: SplitMix64's outputs ``1, 2, ...`` from ``seed``.
+
+    Examples:
+        >>> uniforms_reference(0, 1).round(6).tolist()  # SplitMix64(0): 0xe220a8397b1dcdaf...
+        [[0.883311, 0.431528, 0.026434, 0.970882]]
+    """
+    mask = (1 << 64) - 1
+    out = np.empty((n, 4), np.float64)
+    for k in range(4 * n):
+        z = (seed + (k + 1) * _GAMMA) & mask
+        z = ((z ^ (z >> 30)) * _MIX1) & mask
+        z = ((z ^ (z >> 27)) * _MIX2) & mask
+        z ^= z >> 31
+        out[k // 4, k % 4] = (z >> 11) / 9007199254740992.0
+    return out
 
 
 def goal_draw(
@@ -120,15 +272,13 @@ def goal_draw(
     Returns ``(goal, read, mask)``: the goal slots (``-1``: kept), the slot to read each
     item's goal from (its own slot where kept) and ``goal >= 0``.
     """
-    n = slots.shape[0]
-    out = np.empty(n, np.int64)
-    read = np.empty(n, np.int64)
-    mask = np.empty(n, np.bool_)
-    _nb_goal_slots(
+    out = np.empty(slots.shape[0], np.int64)
+    _nb_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
-        geom, log_discount, out, read, mask,
+        log_discount if geom else math.nan, np.empty_like(out), out,
     )  # fmt: skip
-    return out, read, mask
+    mask = out >= 0
+    return out, np.where(mask, out, slots), mask
 
 
 def goal_slots(

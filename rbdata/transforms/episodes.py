@@ -9,10 +9,11 @@ form an episode still running, whose last step so far is the newest one (``time 
 
 It follows the storage by itself (:meth:`EpisodeIndex.sync`, called by its users before each
 read): the steps written since the last look are those that end at the storage's
-``next_slot``, counted by the storage's ``write_count`` where the storage counts its writes
-(:class:`~rbdata.storages.MemmapStorage`, also across processes), else by how far
-``next_slot`` and ``len`` moved. Only their end flags are read (one column, never whole items),
-so a look costs what the new steps cost, not what the storage holds.
+``next_slot``, counted by the storage's
+:attr:`~rbdata.storages.Storage.items_written` (every write of this process on every
+storage, and other processes' on a shared :class:`~rbdata.storages.MemmapStorage`). Only
+their end flags are read (one column, never whole items), so a look costs what the new steps
+cost, not what the storage holds.
 """
 
 from __future__ import annotations
@@ -75,10 +76,8 @@ class EpisodeIndex:
     Episode boundaries come from ``end_key`` (a per-step done flag: the episode ends at that
     step) or ``traj_key`` (a per-step episode id: a change of id starts a new episode). Writes
     must go in time order through a ring (:class:`~rbdata.RoundRobinWriter`, every offline
-    dataset); :meth:`sync` picks them up. On a storage that does not count its writes
-    (:attr:`~rbdata.storages.Storage.write_count` is ``None``: tensor, list and Arrow
-    storages) a write of a whole multiple of the capacity between two looks leaves ``len``
-    and ``next_slot`` as they were and goes unseen: call :meth:`rebuild` after such a write.
+    dataset); :meth:`sync` picks them up, however many (a write of a whole multiple of the
+    capacity included: the storage's :attr:`~rbdata.storages.Storage.items_written` moves).
 
     Args:
         storage: the storage to index.
@@ -121,7 +120,7 @@ class EpisodeIndex:
         self.base = 0  #: slot of time 0
         self.ends = np.empty(0, np.int64)  #: times of the episode ends held, sorted
         self._last_traj: Any = None
-        self._seen: tuple[int | None, int, int] = (None, 0, 0)  # write_count, len, next_slot
+        self._seen = (0, 0, 0)  # the storage's items_written, len and next_slot at the last look
 
     @property
     def capacity(self) -> int:
@@ -137,26 +136,22 @@ class EpisodeIndex:
     def sync(self) -> None:
         """Index the steps written since the last look (a no-op when nothing was written)."""
         storage = self.storage
-        seen = (storage.write_count, len(storage), int(storage.next_slot))
+        seen = (storage.items_written, len(storage), storage.next_slot)
         if seen == self._seen:
             return
         count, n, end = seen
-        old_count, old_n, old_end = self._seen
-        capacity = self.capacity
-        if count is not None and old_count is not None:
-            new = count - old_count
-        else:  # by how far the ring moved; a full turn moved nothing but the length
-            new = (end - old_end) % capacity or capacity
-        if self.time == 0 or n < old_n or new >= min(capacity, n) or new <= 0:
+        old_count, old_n, _ = self._seen
+        new = count - old_count
+        if self.time == 0 or n < old_n or new >= min(self.capacity, n) or new <= 0:
             self.rebuild()
             return
-        self._append(torch.arange(end - new, end).remainder_(capacity), end - new)
+        self._append(torch.arange(end - new, end).remainder_(self.capacity), end - new)
         self._seen = seen
 
     def rebuild(self) -> None:
         """Index the whole storage anew, in ring order from its oldest slot (one column read)."""
         storage = self.storage
-        seen = (storage.write_count, len(storage), int(storage.next_slot))
+        seen = (storage.items_written, len(storage), storage.next_slot)
         self.reset()
         n, capacity = seen[1], self.capacity
         if n:

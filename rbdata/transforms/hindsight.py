@@ -18,7 +18,8 @@ from tensordict import TensorDict, TensorDictBase
 
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
-from rbdata.transforms._goals import STRATEGIES, goal_draw
+from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
+from rbdata.transforms._relabel_cpu import goal_column, relabel_on_cpu, set_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
 __all__ = ["HindsightRelabel"]
@@ -198,6 +199,13 @@ class HindsightRelabel:
         self._next_desired: Key = ("next", *self.desired_key)
         self._code = STRATEGIES[strategy]
         self._log_discount = math.log(self.discount) if self.discount > 0 else -math.inf
+        #: the kernel's integer and float arguments: (time, base, capacity, code, n_relabel),
+        #: (p_cur, p_traj, log(discount), nan for uniform later steps)
+        self.ints = np.array([0, 0, 0, self._code, 0], np.int64)
+        log_discount = self._log_discount if self.geom_sample else math.nan
+        self.floats = np.array([self.goal_probs[0], self.goal_probs[1], log_discount])
+        self._scratch: tuple[np.ndarray, np.ndarray] | None = None
+        self._seed = torch.empty((), dtype=torch.int64)
         if generator is None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             generator = torch.Generator().manual_seed(seed)
@@ -210,18 +218,33 @@ class HindsightRelabel:
         )
 
     # --- the draw -----------------------------------------------------------------------------
-    def _draw(self, index: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """``(goal, read, mask)`` of :func:`~rbdata.transforms._goals.goal_draw` for ``index``."""
+    def seed(self) -> int:
+        """A batch's seed: one 63-bit draw from the generator (its uniforms: ``uniforms``)."""
+        return int(self._seed.random_(generator=self.generator).item())
+
+    def scratch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
+        """``(n, 4)`` doubles and ``n`` int64 of kernel scratch, reused from batch to batch."""
+        scratch = self._scratch
+        if scratch is None or scratch[1].shape[0] != n:
+            scratch = self._scratch = (np.empty((n, 4), np.float64), np.empty(n, np.int64))
+        return scratch
+
+    def _sync(self) -> None:
         episodes = self.episodes
         episodes.sync()
         if episodes.time == 0:
             raise ValueError("HindsightRelabel: the storage is empty")
+
+    def _draw(self, index: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """``(goal, read, mask)`` of :func:`~rbdata.transforms._goals.goal_draw` for ``index``."""
+        self._sync()
+        episodes = self.episodes
         n = int(index.shape[0])
-        u = torch.rand((n, 4), generator=self.generator, dtype=torch.float64)
+        u = uniforms(self.seed(), n)
         slots = index.numpy() if index.device.type == "cpu" else index.cpu().numpy()
         return goal_draw(
             slots.astype(np.int64, copy=False),
-            u.numpy(),
+            u,
             episodes.ends,
             episodes.time,
             episodes.base,
@@ -236,8 +259,8 @@ class HindsightRelabel:
     def goal_slots(self, index: torch.Tensor) -> torch.Tensor:
         """The goal slot of each sampled slot in ``index`` (``-1``: not relabeled).
 
-        Draws from the generator (one ``torch.rand`` of ``(len(index), 4)`` doubles); the
-        episode index is synced with the storage first.
+        Draws one seed from the generator (:meth:`seed`), the same draws as a relabeled
+        batch; the episode index is synced with the storage first.
         """
         return torch.from_numpy(self._draw(index)[0])
 
@@ -266,12 +289,43 @@ class HindsightRelabel:
                 f"HindsightRelabel: the batch has no desired goal {key_name(self.desired_key)} "
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )
+        old_next = _get(batch, self._next_desired)
+        column = goal_column(self.storage, self.goal_key) if achieved.is_cpu else None
+        if (
+            column is not None
+            and index.is_cpu
+            and column.shape[0] == self.episodes.capacity
+            and (old is None or (old.is_cpu and old.dtype == column.dtype
+                                 and old.shape == (index.shape[0], *column.shape[1:])))
+        ):  # fmt: skip
+            self._sync()
+            desired, new_next, goal_index = relabel_on_cpu(self, index, old, old_next, column)
+            _put(batch, self.desired_key, desired)
+            if new_next is not None:
+                _put(batch, self._next_desired, new_next)
+                old_next = None
+        else:
+            desired, goal_index = self._relabel(batch, achieved, old, index)
+        if isinstance(old_next, torch.Tensor) and old_next.shape == desired.shape:
+            new = desired if desired.dtype == old_next.dtype else desired.to(old_next.dtype)
+            mask = (goal_index >= 0).view((-1,) + (1,) * (new.dim() - 1))
+            _put(batch, self._next_desired, torch.where(mask, new, old_next))
+        _put(batch, ("goal_index",), goal_index)
+        self._reward(batch, achieved, desired, goal_index)
+        return batch
+
+    def _relabel(
+        self, batch: TensorDictBase, achieved: torch.Tensor, old: Any, index: torch.Tensor
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The general path: ``(desired, goal_index)`` on the batch's device, desired set."""
         goal_np, read_np, mask_np = self._draw(index)
         goals = read_column(self.storage, self.goal_key, torch.from_numpy(read_np))
         device = achieved.device
         relabeled = torch.from_numpy(mask_np)
+        goal_index = torch.from_numpy(goal_np)
         if device.type != "cpu":
             goals, relabeled = goals.to(device), relabeled.to(device)
+            goal_index = goal_index.to(device)
         mask = relabeled.view((-1,) + (1,) * (goals.dim() - 1))
         if isinstance(old, torch.Tensor):
             if old.shape != goals.shape:
@@ -285,27 +339,23 @@ class HindsightRelabel:
         else:
             desired = goals
         _put(batch, self.desired_key, desired)
-        old_next = _get(batch, self._next_desired)
-        if isinstance(old_next, torch.Tensor) and old_next.shape == desired.shape:
-            new = desired if desired.dtype == old_next.dtype else desired.to(old_next.dtype)
-            _put(batch, self._next_desired, torch.where(mask, new, old_next))
-        goal_index = torch.from_numpy(goal_np)
-        _put(batch, ("goal_index",), goal_index if device.type == "cpu" else goal_index.to(device))
-        self._reward(batch, achieved, desired, relabeled)
-        return batch
+        return desired, goal_index
 
     def _reward(
         self,
         batch: TensorDictBase,
         achieved: torch.Tensor,
         desired: torch.Tensor,
-        relabeled: torch.Tensor,
+        goal_index: torch.Tensor,
     ) -> None:
         n = batch.batch_size[0]
         reward = self.reward_fn(achieved, desired, batch)
+        cpu = goal_index.is_cpu
         try:
-            if not isinstance(reward, torch.Tensor) or reward.device != relabeled.device:
-                reward = torch.as_tensor(reward, device=relabeled.device)
+            if not isinstance(reward, torch.Tensor) or (
+                reward.is_cpu is not cpu or (not cpu and reward.device != goal_index.device)
+            ):
+                reward = torch.as_tensor(reward, device=goal_index.device)
         except (TypeError, ValueError, RuntimeError) as err:
             raise TypeError(
                 f"reward_fn must return one reward per item (a tensor or array), got "
@@ -322,8 +372,11 @@ class HindsightRelabel:
                 reward = reward.reshape(old.shape)
             if reward.dtype != old.dtype:
                 reward = reward.to(old.dtype)
-            mask = relabeled.view((-1,) + (1,) * (old.dim() - 1))
-            reward = torch.where(mask, reward, old)
+            blended = set_rewards(goal_index, reward, old) if cpu else None
+            if blended is None:
+                mask = (goal_index >= 0).view((-1,) + (1,) * (old.dim() - 1))
+                blended = torch.where(mask, reward, old)
+            reward = blended
         else:
             reward = reward.reshape(n, 1)
         _put(batch, self.reward_key, reward)

@@ -213,6 +213,11 @@ class MemmapStorage(MemmapFiles):
         return self._state.writes
 
     @property
+    def items_written(self) -> int:
+        """:attr:`write_count` (every process's writes) + the items loaded by ``copy_from``."""
+        return self.write_count + self._items_written
+
+    @property
     def last_write(self) -> tuple[int, int]:
         """``write_count`` just before and just after this process's last commit."""
         return self._last_write
