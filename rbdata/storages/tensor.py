@@ -277,8 +277,7 @@ class TensorStorage(Storage):
         top = self._put_rows(start, n, values)
         if top > self._length:
             self._length = top
-        self._next = (start + n) % self._capacity
-        self._items_written += n
+        self._next, self._items_written = (start + n) % self._capacity, self._items_written + n
         return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
