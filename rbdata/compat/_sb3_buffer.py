@@ -53,7 +53,7 @@ class ReplayBuffer:
             n_envs`` (a reopened storage resumes where it was).
         path: directory of a ``"memmap"`` storage (``None``: a temporary one).
         generator: random generator of ``sample`` (``None``: one seeded from the state of
-            torch's global RNG without drawing from it, see :func:`quiet_generator`
+            torch's global RNG without drawing from it, see ``quiet_generator``
             RNG).
 
     Examples:

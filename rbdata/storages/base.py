@@ -154,7 +154,7 @@ class Storage(PersistenceHooks, Dataset[Any]):
 
     @property
     def items_written(self) -> int:
-        """Items written so far, overwritten ones included: only grows, whatever the write path.
+        """The count of items written so far, overwritten ones included (it only grows).
 
         Readers that index the items (:class:`~rbdata.transforms.EpisodeIndex`) see every
         write of this process by comparing two values (one of a whole multiple of the capacity

@@ -199,8 +199,8 @@ class HindsightRelabel:
         self._next_desired: Key = ("next", *self.desired_key)
         self._code = STRATEGIES[strategy]
         self._log_discount = math.log(self.discount) if self.discount > 0 else -math.inf
-        #: the kernel's integer and float arguments: (time, base, capacity, code, n_relabel),
-        #: (p_cur, p_traj, log(discount), nan for uniform later steps)
+        # the kernel's integer and float arguments (for _relabel_cpu): (time, base, capacity,
+        # code, n_relabel) and (p_cur, p_traj, log(discount), nan for uniform later steps)
         self.ints = np.array([0, 0, 0, self._code, 0], np.int64)
         log_discount = self._log_discount if self.geom_sample else math.nan
         self.floats = np.array([self.goal_probs[0], self.goal_probs[1], log_discount])
