@@ -35,18 +35,16 @@ from typing import Any
 
 from rbdata.datasets._cache import (
     DATASET_FILE,
-    STORAGE_DIR,
-    build_entry,
     cache_root,
     d4rl_download_path,
     entry_dir,
     lock_for,
-    prune_empty_dirs,
 )
 from rbdata.datasets._catalog import D4RL_PREFIX, D4RLEntry, d4rl_entry
 from rbdata.datasets._d4rl_convert import convert_d4rl, read_d4rl_metadata
 from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
 from rbdata.datasets._download import download as fetch
+from rbdata.datasets._prepare import prepare_entry
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 
@@ -211,52 +209,32 @@ def prepare(
     """
     expected_sha = sha256.lower() if sha256 else entry.sha256
     expected_size = None if sha256 else entry.size
-    local = _local_source(entry, file, url)
-    cached = d4rl_download_path(base, entry, url)
 
-    def build(tmp: Path) -> dict[str, Any]:
-        where: dict[str, Any]
-        if local is not None:
-            path, href = local
-            got = verify_file(
-                path,
-                name=entry.id,
-                sha256=expected_sha,
-                size=expected_size,
-                hint="the file is left as it is; pass sha256= (--sha256) with its digest to "
-                "use it anyway",
-            )
-            where = {"url": href, "path": str(path)}
-        else:
-            got, fetched = _cached_file(
-                entry, cached, url, download, expected_sha, expected_size, progress
-            )
-            where = {"url": fetched} if fetched is not None else {}
-            where["file"] = got.path.relative_to(base).as_posix()
-        info = convert_d4rl(
-            got.path, tmp / STORAGE_DIR, backend, progress=progress, desc=f"{entry.id} ({backend})"
+    def cached_file() -> tuple[Downloaded, dict[str, Any]]:
+        got, fetched = _cached_file(
+            entry, cached, url, download, expected_sha, expected_size, progress
         )
-        return {
-            "family": FAMILY,
-            "id": entry.id,
-            "backend": backend,
-            **info,
-            "source": {
-                **where,
-                "size": got.size,
-                "sha256": got.sha256,
-                "sha256_verified": expected_sha is not None,
-            },
-            "ref_min_score": entry.ref_min_score,
-            "ref_max_score": entry.ref_max_score,
-        }
+        return got, ({"url": fetched} if fetched is not None else {})
 
-    try:
-        build_entry(target, build)
-    except BaseException:
-        prune_empty_dirs(target.parent, base)
-        prune_empty_dirs(cached.parent, base)
-        raise
+    def convert(path: Path, storage: Path) -> dict[str, Any]:
+        desc = f"{entry.id} ({backend})"
+        return convert_d4rl(path, storage, backend, progress=progress, desc=desc)
+
+    cached = d4rl_download_path(base, entry, url)
+    head = {"family": FAMILY, "id": entry.id, "backend": backend}
+    tail = {"ref_min_score": entry.ref_min_score, "ref_max_score": entry.ref_max_score}
+    prepare_entry(
+        target,
+        base,
+        cached,
+        name=entry.id,
+        local=_local_source(entry, file, url),
+        cached_file=cached_file,
+        convert=convert,
+        fields=(head, tail),
+        sha256=expected_sha,
+        size=expected_size,
+    )
 
 
 def _cached_file(

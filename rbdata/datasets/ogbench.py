@@ -42,12 +42,9 @@ from typing import Any
 
 from rbdata.datasets._cache import (
     DATASET_FILE,
-    STORAGE_DIR,
-    build_entry,
     cache_root,
     entry_dir,
     lock_for,
-    prune_empty_dirs,
 )
 from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
 from rbdata.datasets._download import download as fetch
@@ -58,6 +55,7 @@ from rbdata.datasets._ogbench_catalog import (
     ogbench_entry,
 )
 from rbdata.datasets._ogbench_convert import convert_ogbench
+from rbdata.datasets._prepare import prepare_entry
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 
@@ -197,51 +195,35 @@ def prepare(
     """
     expected_sha = sha256.lower() if sha256 else source.sha256
     expected_size = None if sha256 else source.size
-    local = _local_source(source, file)
+
+    def cached_file() -> tuple[Downloaded, dict[str, Any]]:
+        got, href = _cached_file(source, cached, download, expected_sha, expected_size, progress)
+        return got, {"url": href}
+
+    def convert(path: Path, storage: Path) -> dict[str, Any]:
+        desc = f"{source.id} ({backend})"
+        return convert_ogbench(path, storage, backend, progress=progress, desc=desc)
+
     cached = ogbench_download_path(base, source)
-
-    def build(tmp: Path) -> dict[str, Any]:
-        where: dict[str, Any]
-        if local is not None:
-            path, href = local
-            got = verify_file(
-                path,
-                name=source.id,
-                sha256=expected_sha,
-                size=expected_size,
-                hint="the file is left as it is; pass sha256= (--sha256) with its digest to "
-                "use it anyway",
-            )
-            where = {"url": href, "path": str(path)}
-        else:
-            got, href = _cached_file(
-                source, cached, download, expected_sha, expected_size, progress
-            )
-            where = {"url": href, "file": got.path.relative_to(base).as_posix()}
-        info = convert_ogbench(
-            got.path, tmp / STORAGE_DIR, backend, progress=progress, desc=f"{source.id} ({backend})"
-        )
-        return {
-            "family": FAMILY,
-            "id": source.id,
-            "dataset": source.dataset,
-            "split": source.split,
-            "backend": backend,
-            **info,
-            "source": {
-                **where,
-                "size": got.size,
-                "sha256": got.sha256,
-                "sha256_verified": expected_sha is not None,
-            },
-        }
-
-    try:
-        build_entry(target, build)
-    except BaseException:
-        prune_empty_dirs(target.parent, base)
-        prune_empty_dirs(cached.parent, base)
-        raise
+    head = {
+        "family": FAMILY,
+        "id": source.id,
+        "dataset": source.dataset,
+        "split": source.split,
+        "backend": backend,
+    }
+    prepare_entry(
+        target,
+        base,
+        cached,
+        name=source.id,
+        local=_local_source(source, file),
+        cached_file=cached_file,
+        convert=convert,
+        fields=(head, {}),
+        sha256=expected_sha,
+        size=expected_size,
+    )
 
 
 def _cached_file(
