@@ -25,6 +25,7 @@ __all__ = [
     "priority_options",
     "source_device",
     "tree_device",
+    "tree_options",
     "tree_spec",
 ]
 
@@ -138,3 +139,22 @@ def generator_of_state(
     gen = torch.Generator(device="cpu" if cpu_state else device)
     gen.set_state(saved)
     return gen
+
+
+def tree_options(sampler: Any) -> dict[str, Any]:
+    """The tree options in a prioritized sampler's ``config`` (plain and slice samplers).
+
+    Capacity, exponents, device, tree dtype and the other tree options.
+    ``device`` is the one asked for: ``None`` (follow the storage) stays ``None``.
+    """
+    return {
+        "capacity": sampler.capacity,
+        "alpha": sampler.alpha,
+        "beta": sampler.beta,
+        "eps": sampler.eps,
+        "device": sampler._device_arg,
+        "stratified": sampler.stratified,
+        "default_priority": sampler.default_priority,
+        "max_priority": sampler._initial_max,
+        "dtype": sampler._spec.dtype,
+    }

@@ -338,17 +338,7 @@ class PrioritizedSampler(GeneratorDrawState, Sampler):
         ``device`` is the one asked for: ``None`` (follow the storage) stays ``None``, so a
         checkpoint loads onto whatever device its storage is restored to.
         """
-        return {
-            "capacity": self.capacity,
-            "alpha": self.alpha,
-            "beta": self.beta,
-            "eps": self.eps,
-            "device": self._device_arg,
-            "stratified": self.stratified,
-            "default_priority": self.default_priority,
-            "max_priority": self._initial_max,
-            "dtype": self._spec.dtype,
-        }
+        return _checks.tree_options(self)
 
     def state_dict(self) -> dict[str, Any]:
         """Generator state, both trees and the highest priority seen."""

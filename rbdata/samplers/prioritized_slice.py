@@ -360,18 +360,7 @@ class PrioritizedSliceSampler(SliceSampler):
 
     def config(self) -> dict[str, Any]:
         """The slice options, capacity, exponents, device and the other tree options."""
-        return {
-            **super().config(),
-            "capacity": self.capacity,
-            "alpha": self.alpha,
-            "beta": self.beta,
-            "eps": self.eps,
-            "device": self._device_arg,
-            "stratified": self.stratified,
-            "default_priority": self.default_priority,
-            "max_priority": self._initial_max,
-            "dtype": self._spec.dtype,
-        }
+        return {**super().config(), **_checks.tree_options(self)}
 
     def state_dict(self) -> dict[str, Any]:
         """The episode index, the generator, every slot's start priority and the highest."""
