@@ -105,19 +105,21 @@ def test_goals_rewards_and_kept_items_against_brute_force(strategy: str, storage
 
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_goal_slots_equal_a_per_item_replay_of_the_same_draws(strategy: str) -> None:
-    """Same generator state → the per-item Python reference picks the very same goals."""
+    """The k-th batch's seed is the generator's k-th draw: a per-item Python replay of it
+    picks the very same goals (across the 64-draw blocks the transform takes at once)."""
     capacity, n, batch = 30, 77, 50
     rb, model = filled(capacity, n, seed=7)
     gen = torch.Generator().manual_seed(11)
     her = HindsightRelabel(
         rb.storage, strategy=strategy, her_ratio=0.5, reward_fn=fetch_reward, generator=gen
     )
-    for _ in range(5):
-        state = gen.get_state()
+    replay = torch.Generator().manual_seed(11)
+    for k in range(70):
         index = torch.randint(capacity, (batch,))
         got = her(rb.storage.gather(index, {"index": index}))["goal_index"].tolist()
-        replay = torch.Generator().set_state(state)
         seed = int(torch.empty((), dtype=torch.int64).random_(generator=replay))
+        if k % 13:
+            continue  # the replay's draws stay in step; every 13th batch is checked
         u = uniforms_reference(seed, batch)  # SplitMix64 in plain Python
         order = list(range(batch))
         for i in range(batch // 2):  # the random subset: a partial Fisher-Yates shuffle
@@ -231,6 +233,16 @@ def test_the_relabeled_subset_is_uniform_and_exactly_sized() -> None:
         assert int(relabeled.sum()) == 3
         hits += relabeled
     chi_square_ok(Counter(dict(enumerate(hits.tolist()))), dict.fromkeys(range(10), 0.1), 6000)
+    # her_ratio is assignable (annealed): the next batches relabel the new count
+    index = torch.arange(10)
+    for ratio, count in ((0.75, 7), (1.0, 10), (0.0, 0), (0.3, 3)):
+        her.her_ratio = ratio
+        relabeled = her(rb.storage.gather(index, {"index": index}))["goal_index"] >= 0
+        assert int(relabeled.sum()) == count
+    for bad in (1.5, -0.5, float("nan")):
+        with pytest.raises(ValueError, match=r"her_ratio must be in \[0, 1\]"):
+            her.her_ratio = bad
+    assert her.her_ratio == 0.3
 
 
 def test_running_and_ring_cut_episodes() -> None:
@@ -269,6 +281,27 @@ def test_storage_untouched_reproducible_and_state_dict() -> None:
     for a, b in zip(first, again, strict=True):
         assert (a == b).all()
     assert all(torch.equal(x, y) for x, y in zip(before, rb.storage.buffers, strict=True))
+
+
+def test_state_dict_keeps_the_draws_taken_but_not_used() -> None:
+    """The seeds come 64 at a time: a state saved mid-block resumes the very same goals."""
+    rb, _ = filled(50, 120, seed=2)
+    index = torch.randint(50, (32,))
+
+    def goals(her: HindsightRelabel, count: int) -> list[list[int]]:
+        return [her(rb.storage.gather(index, {"index": index}))["goal_index"].tolist()
+                for _ in range(count)]  # fmt: skip
+
+    her = HindsightRelabel(rb.storage, reward_fn=fetch_reward, generator=torch.Generator())
+    goals(her, 5)
+    state = her.state_dict()
+    first = goals(her, 70)  # past the end of the block
+    other = HindsightRelabel(
+        rb.storage, reward_fn=fetch_reward, generator=torch.Generator().manual_seed(99)
+    )
+    other.load_state_dict(state)
+    assert goals(other, 70) == first
+    assert len(set(map(tuple, first))) > 60  # the draws do differ from batch to batch
 
 
 def test_with_a_slice_sampler() -> None:
@@ -357,7 +390,17 @@ def test_the_cpu_kernel_path_equals_the_general_path(strategy: str) -> None:
         store, strategy=strategy, reward_fn=fetch_reward, generator=torch.Generator().manual_seed(2)
     )
     her_fast, her_slow = make(fast), make(slow)
-    for _ in range(4):
+    for step in range(6):
+        if step == 3:
+            # torch moves the storage's memory under the kept column plan (same tensor
+            # objects, new addresses): the next batches read the moved memory
+            addresses = [buf.data_ptr() for buf in fast.buffers]
+            for buf in fast.buffers:
+                buf.share_memory_()
+            assert addresses != [buf.data_ptr() for buf in fast.buffers]
+            # new steps in the moved memory (the old memory would still hold the old ones)
+            filled(capacity, 25, seed=9, storage=fast)
+            filled(capacity, 25, seed=9, storage=slow)
         index = torch.randint(capacity, (37,))
         a = her_fast(fast.gather(index, {"index": index}))
         b = her_slow(slow.gather(index, {"index": index}))

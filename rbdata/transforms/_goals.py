@@ -44,20 +44,40 @@ __all__ = [
 STRATEGIES = {"future": 0, "final": 1, "episode": 2, "ogbench": 3}
 
 
-@numba.njit(cache=True, nogil=True, inline="always")
-def _lower_bound(a: Any, n: int, x: int) -> int:  # pragma: no cover
-    """``np.searchsorted(a[:n], x)`` without data-dependent branches (random ``x`` mispredict).
+@numba.njit(cache=True, nogil=True)
+def _lower_bounds(a: Any, x: Any, k: Any, m: int) -> None:  # pragma: no cover
+    """``k[:m] = np.searchsorted(a, x[:m])`` (the first ``a`` at or after each ``x``).
 
-    A fixed number of halvings whose step is taken by arithmetic, not by a jump.
+    Branch-free halvings taken level by level over the whole batch: the ``m`` searches'
+    reads of ``a`` are independent, so they overlap (one search at a time waits on each read
+    in turn: 4x slower on a batch of 256).
     """
+    n = a.shape[0]
+    for r in range(m):
+        k[r] = 0
     if n == 0:
-        return 0
-    base = 0
+        return
     while n > 1:
         half = n >> 1
-        base += half * (a[base + half] < x)
+        for r in range(m):
+            b = k[r]
+            k[r] = b + half * (a[b + half] < x[r])
         n -= half
-    return base + (a[base] < x)
+    for r in range(m):
+        k[r] += a[k[r]] < x[r]
+
+
+_GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+
+
+@numba.njit(cache=True, nogil=True, inline="always")
+def _splitmix(seed: int, k: int) -> float:  # pragma: no cover
+    """SplitMix64's output number ``k`` (from 0) of ``seed``, as a double in ``[0, 1)``."""
+    z = np.uint64(seed) + np.uint64(k + 1) * np.uint64(_GAMMA)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    z = z ^ (z >> np.uint64(31))
+    return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -75,10 +95,13 @@ def _nb_draw(
     log_discount: float,
     order: Any,
     goal: Any,
+    seed: int,
 ) -> None:  # pragma: no cover
-    """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order`` is scratch space.
+    """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order``: ``3 n`` of scratch.
 
     ``log_discount`` is ``nan`` for OGBench's uniform later steps (``geom_sample=False``).
+    ``seed >= 0``: ``u`` is scratch, the entries used are :func:`uniforms` of ``seed``
+    (computed here, only those); ``seed < 0``: ``u`` is given.
     """
     n = slots.shape[0]
     oldest = max(0, time - capacity)
@@ -86,15 +109,27 @@ def _nb_draw(
     for i in range(n):
         goal[i] = -1
         order[i] = i
+    ncols = 4 if code == 3 else 2
+    if seed >= 0:
+        for i in range(n_relabel):
+            u[i, 0] = _splitmix(seed, 4 * i)
     for i in range(n_relabel):  # a uniformly random subset of n_relabel items
         j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
         order[i], order[j] = order[j], order[i]
     nends = ends.shape[0]
     geom = not math.isnan(log_discount)
+    times, found = order[n : 2 * n], order[2 * n : 3 * n]
     for r in range(n_relabel):
         i = order[r]
-        t = oldest + (slots[i] - base - oldest) % capacity
-        k = _lower_bound(ends, nends, t)  # the first end at or after t
+        times[r] = oldest + (slots[i] - base - oldest) % capacity
+        if seed >= 0:
+            for c in range(1, ncols):
+                u[i, c] = _splitmix(seed, 4 * i + c)
+    _lower_bounds(ends, times, found, n_relabel)  # the first end at or after each time
+    for r in range(n_relabel):
+        i = order[r]
+        t = times[r]
+        k = found[r]
         e = ends[k] if k < nends else time - 1
         s = ends[k - 1] + 1 if k > 0 else oldest
         if s < oldest:
@@ -128,20 +163,12 @@ def _nb_draw(
         goal[i] = (base + g) % capacity
 
 
-_GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
-
-
 @numba.njit(cache=True, nogil=True)
 def _nb_uniforms(seed: int, u: Any, ncols: int) -> None:  # pragma: no cover
     """``u[i, c]`` for ``c < ncols``: SplitMix64's output number ``4 * i + c`` from ``seed``."""
-    base = np.uint64(seed)
     for i in range(u.shape[0]):
         for c in range(ncols):
-            z = base + np.uint64(4 * i + c + 1) * np.uint64(_GAMMA)
-            z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-            z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
-            z = z ^ (z >> np.uint64(31))
-            u[i, c] = np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
+            u[i, c] = _splitmix(seed, 4 * i + c)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -149,7 +176,11 @@ def _nb_relabel(
     seed: int,
     n: int,
     d: int,
-    ints: Any,
+    time: int,
+    base: int,
+    capacity: int,
+    code: int,
+    n_relabel: int,
     floats: Any,
     ends: Any,
     u: Any,
@@ -163,30 +194,26 @@ def _nb_relabel(
     next_old_at: int,
     next_out_at: int,
 ) -> None:  # pragma: no cover
-    """The uniforms of ``seed``, :func:`_nb_draw`, then each item's desired goal.
+    """:func:`_nb_draw` on the uniforms of ``seed``, then each item's desired goal.
 
     Addresses (``*_at``) of checked, contiguous CPU memory: ``n`` int64 slots and goal
     slots, the storage's goal column (``capacity`` rows of ``d`` values of ``like``'s dtype),
     the batch's desired goals ``old`` and the new ones ``out`` (``n`` rows), the same for
-    ``("next", *desired)`` (``next_out_at`` 0: none). ``ints`` is ``(time, base, capacity,
-    code, n_relabel)``, ``floats`` ``(p_cur, p_traj, log_discount)``; ``u`` (``n`` rows of 4)
-    and ``order`` are scratch. ``out[i]`` is the column's row ``goal[i]`` where relabeled,
-    else ``old[i]``.
+    ``("next", *desired)`` (``next_out_at`` 0: none). ``floats`` is ``(p_cur, p_traj,
+    log_discount)``; ``u`` (``n`` rows of 4) and ``order`` (``3 n``) are scratch.
+    ``out[i]`` is the column's row ``goal[i]`` where relabeled, else ``old[i]``.
     """
-    capacity = ints[2]
-    _nb_uniforms(seed, u, 4 if ints[3] == 3 else 2)
     slots = numba.carray(voidptr(slots_at), (n,), np.int64)
     goal = numba.carray(voidptr(goal_at), (n,), np.int64)
     _nb_draw(
-        slots, u, ends, ints[0], ints[1], capacity, ints[3], ints[4], floats[0], floats[1],
-        floats[2], order, goal,
+        slots, u, ends, time, base, capacity, code, n_relabel, floats[0], floats[1], floats[2],
+        order, goal, seed,
     )  # fmt: skip
     column = numba.carray(voidptr(column_at), (capacity, d), like.dtype)
     old = numba.carray(voidptr(old_at), (n, d), like.dtype)
     out = numba.carray(voidptr(out_at), (n, d), like.dtype)
     # ``order[:n_relabel]`` are the relabeled items: two loops without a data-dependent
     # branch, so the column's random rows (cache misses) are read in parallel
-    n_relabel = ints[4]
     for r in range(n_relabel):
         i = order[r]
         g = goal[i]
@@ -275,7 +302,7 @@ def goal_draw(
     out = np.empty(slots.shape[0], np.int64)
     _nb_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
-        log_discount if geom else math.nan, np.empty_like(out), out,
+        log_discount if geom else math.nan, np.empty(3 * out.shape[0], np.int64), out, -1,
     )  # fmt: skip
     mask = out >= 0
     return out, np.where(mask, out, slots), mask

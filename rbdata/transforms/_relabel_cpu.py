@@ -14,7 +14,7 @@ very same goals.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
@@ -25,7 +25,14 @@ from rbdata.transforms._goals import blend, relabel
 if TYPE_CHECKING:
     from rbdata.transforms.hindsight import HindsightRelabel
 
-__all__ = ["FAST_DTYPES", "goal_column", "relabel_on_cpu", "set_rewards"]
+__all__ = [
+    "FAST_DTYPES",
+    "ColumnPlan",
+    "column_plan",
+    "goal_column",
+    "relabel_on_cpu",
+    "set_rewards",
+]
 
 #: dtypes the kernels copy (numba has no float16 or bfloat16)
 FAST_DTYPES = frozenset(
@@ -33,77 +40,116 @@ FAST_DTYPES = frozenset(
 )
 
 
-def goal_column(storage: Any, key: Key) -> torch.Tensor | None:
-    """The storage's backing tensor of ``key`` where the kernel can read it, or ``None``.
+class ColumnPlan(NamedTuple):
+    """What :func:`goal_column` checked of a storage's goal column."""
+
+    layout: Any  # the storage's layout object the column was found in
+    position: int  # the column's place in ``storage.buffers``
+    column: torch.Tensor  # the tensor checked (contiguous, CPU, ``capacity`` rows)
+    width: int  # values per goal
+    like: np.ndarray  # an empty array of the column's dtype, for the kernel
+
+
+def column_plan(storage: Any, key: Key, capacity: int) -> ColumnPlan | None:
+    """Check the storage's column of ``key`` for the kernel: its plan, or ``None``.
 
     ``None`` where the storage has no plain backing tensors (list, Arrow), or the column is
-    not a contiguous CPU tensor of a :data:`FAST_DTYPES` dtype. It is asked anew for every
-    batch: the storage's memory may move (``share_memory_``, a remap).
+    not a contiguous, non-empty CPU tensor of a :data:`FAST_DTYPES` dtype and ``capacity``
+    rows.
     """
-    keys = getattr(getattr(storage, "layout", None), "keys", None)
+    layout = getattr(storage, "layout", None)
+    keys = getattr(layout, "keys", None)
     if keys is None or key not in keys:
         return None
     buffers = getattr(storage, "buffers", None)
     if buffers is None:
         return None
-    column = buffers[keys.index(key)]
-    if not column.is_cpu or column.dtype not in FAST_DTYPES:
+    position = keys.index(key)
+    column = buffers[position]
+    if (
+        not column.is_cpu
+        or column.dtype not in FAST_DTYPES
+        or column.numel() == 0
+        or not column.is_contiguous()
+        or column.shape[0] != capacity
+    ):
         return None
-    return column if column.is_contiguous() else None
+    width = math.prod(column.shape[1:])
+    return ColumnPlan(layout, position, column, width, like(column.dtype))
 
 
-def _contiguous(t: torch.Tensor) -> torch.Tensor:
-    return t if t.is_contiguous() else t.contiguous()
+def goal_column(her: HindsightRelabel) -> ColumnPlan | None:
+    """The plan of the storage's goal column for this batch, or ``None`` (see ``column_plan``).
+
+    The column is asked anew for every batch (the storage's memory may move): the same
+    tensor object in the same layout keeps its checked plan (a tensor's dtype and shape do
+    not change, ``share_memory_`` moves its memory in place, and its address is read at each
+    call); a new one (a remap, a new layout) is checked again.
+    """
+    storage = her.storage
+    plan = her.column_plan
+    if (
+        plan is not None
+        and plan.layout is storage.layout
+        and storage.buffers[plan.position] is plan.column
+    ):
+        return plan
+    plan = her.column_plan = column_plan(storage, her.goal_key, her.episodes.capacity)
+    return plan
 
 
 def relabel_on_cpu(
-    her: HindsightRelabel,
-    index: torch.Tensor,
-    old: torch.Tensor | None,
-    old_next: Any,
-    column: torch.Tensor,
-) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor]:
-    """Draw the goals of a CPU batch and write its desired goals in one kernel.
+    her: HindsightRelabel, index: torch.Tensor, old: Any, old_next: Any
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor] | None:
+    """Draw the goals of a CPU batch and write its desired goals in one kernel, or ``None``.
 
-    ``column``: :func:`goal_column`, of the episode index's ``capacity`` rows; ``old``: the
-    batch's desired goals (``None``: every item is relabeled, ``her_ratio`` is 1), of the
-    column's dtype and of shape ``(n, *goal shape)``; ``old_next``: its ``("next",
-    *desired_key)`` entry, blended as well when it is a CPU tensor of the same shape and
-    dtype. Draws the batch's seed from the generator. Returns ``(desired, next desired or
-    None, goal_index)``.
+    ``old``: the batch's desired goals (``None``: every item is relabeled, ``her_ratio`` is
+    1); ``old_next``: its ``("next", *desired_key)`` entry, blended as well when it is a CPU
+    tensor of the same shape and dtype. ``None`` (nothing drawn) where the kernel cannot do
+    it: the storage has no plain CPU column of the goals (:func:`goal_column`), or the index
+    or the desired goals are not CPU tensors of the column's dtype and item shape.
+    Otherwise syncs the episode index and draws the batch's seed. Returns ``(desired, next
+    desired or None, goal_index)``.
     """
-    episodes = her.episodes
-    n = index.shape[0]
-    if index.dtype != torch.int64:
-        index = index.to(torch.int64)
-    index = _contiguous(index)
+    plan = goal_column(her) if index.is_cpu else None
+    if plan is None:
+        return None
+    column = plan.column
     dtype = column.dtype
+    n = index.shape[0]
+    u, order, shape, n_relabel = her.scratch(n, plan)
+    if old is not None and (
+        type(old) is not torch.Tensor or old.dtype != dtype or not old.is_cpu or old.shape != shape
+    ):
+        return None
+    her.sync()
+    if index.dtype != torch.int64 or not index.is_contiguous():
+        index = index.to(torch.int64).contiguous()
     if old is None:
-        old = desired = torch.empty((n, *column.shape[1:]), dtype=dtype)
+        old = desired = torch.empty(shape, dtype=dtype)
     else:
-        old = _contiguous(old)
+        if not old.is_contiguous():
+            old = old.contiguous()
         desired = torch.empty_like(old)  # empty_like: ~0.7 us less than empty(shape)
-    shape = old.shape
+    next_old_at = next_at = 0
+    new_next: torch.Tensor | None = None
     if (
-        isinstance(old_next, torch.Tensor)
-        and old_next.shape == shape
+        type(old_next) is torch.Tensor
         and old_next.dtype == dtype
         and old_next.is_cpu
+        and old_next.shape == shape
     ):
-        old_next = _contiguous(old_next)
-        new_next: torch.Tensor | None = torch.empty_like(old_next)
-        next_at = new_next.data_ptr()  # type: ignore[union-attr]
-    else:
-        new_next, next_at = None, 0
+        if not old_next.is_contiguous():
+            old_next = old_next.contiguous()
+        new_next = torch.empty_like(old_next)
+        next_old_at, next_at = old_next.data_ptr(), new_next.data_ptr()
     goal = torch.empty_like(index)
-    ints = her.ints
-    ints[0], ints[1], ints[2] = episodes.time, episodes.base, column.shape[0]
-    ints[4] = int(her.her_ratio * n)
-    u, order = her.scratch(n)
+    episodes = her.episodes
     relabel(
-        her.seed(), n, math.prod(column.shape[1:]), ints, her.floats, episodes.ends, u, order,
-        like(dtype), index.data_ptr(), goal.data_ptr(), column.data_ptr(), old.data_ptr(),
-        desired.data_ptr(), old_next.data_ptr() if next_at else 0, next_at,
+        her.seed(), n, plan.width, episodes.time, episodes.base, episodes.capacity, her.code,
+        n_relabel, her.floats, episodes.ends, u, order, plan.like,
+        index.data_ptr(), goal.data_ptr(), column.data_ptr(), old.data_ptr(), desired.data_ptr(),
+        next_old_at, next_at,
     )  # fmt: skip
     return desired, new_next, goal
 
@@ -122,24 +168,32 @@ def like(dtype: torch.dtype) -> np.ndarray:
 def set_rewards(goal: torch.Tensor, reward: torch.Tensor, old: torch.Tensor) -> torch.Tensor | None:
     """``reward`` on the relabeled items, ``old`` elsewhere, in one kernel (or ``None``).
 
-    ``goal``: the batch's int64 goal slots (``-1``: kept). ``None`` where the kernel cannot
-    do it (a GPU tensor, dtypes or shapes that differ, a reward that needs its gradient): the
-    caller then blends with ``torch.where``.
+    ``goal``: the batch's int64 goal slots (``-1``: kept); ``reward`` holds as many values
+    as ``old``, in row order (its shape may differ: ``(n,)`` for ``(n, 1)``); the result has
+    ``old``'s shape. ``None`` where the kernel cannot do it (a GPU tensor, dtypes or sizes
+    that differ, a reward that needs its gradient, an empty batch): the caller then blends
+    with ``torch.where``.
     """
+    n = goal.shape[0]
+    dtype = old.dtype
+    size = old.numel()
     if (
-        not reward.is_cpu
+        reward.dtype != dtype
+        or not reward.is_cpu
         or not old.is_cpu
-        or reward.dtype != old.dtype
-        or old.dtype not in FAST_DTYPES
+        or reward.numel() != size
+        or not n
+        or dtype not in FAST_DTYPES
         or reward.requires_grad
-        or reward.shape != old.shape
     ):
         return None
-    n = goal.shape[0]
-    reward, old = _contiguous(reward), _contiguous(old)
+    if not reward.is_contiguous():
+        reward = reward.contiguous()
+    if not old.is_contiguous():
+        old = old.contiguous()
     out = torch.empty_like(old)
     blend(
-        n, old.numel() // n if n else 0, like(old.dtype), goal.data_ptr(), reward.data_ptr(),
-        old.data_ptr(), out.data_ptr(),
+        n, size // n, like(dtype), goal.data_ptr(), reward.data_ptr(), old.data_ptr(),
+        out.data_ptr(),
     )  # fmt: skip
     return out

@@ -14,60 +14,18 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDict, TensorDictBase
+from tensordict import TensorDictBase
 
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
+from rbdata.transforms._batch import check_probs, get_entry, leaf_names, put_entry
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
-from rbdata.transforms._relabel_cpu import goal_column, relabel_on_cpu, set_rewards
+from rbdata.transforms._relabel_cpu import ColumnPlan, relabel_on_cpu, set_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
 __all__ = ["HindsightRelabel"]
 
 RewardFn = Callable[[torch.Tensor, torch.Tensor, Any], Any]
-
-
-def _get(batch: TensorDictBase, key: Key) -> Any:
-    """The entry at ``key``, or ``None`` (a plain TensorDict is walked without its checks)."""
-    if type(batch) is not TensorDict:
-        return batch.get(key, None)
-    node: Any = batch
-    for part in key:
-        if type(node) is not TensorDict:
-            return None
-        node = node._tensordict.get(part)
-    return node
-
-
-def _put(batch: TensorDictBase, key: Key, value: torch.Tensor) -> None:
-    """Set ``key`` to ``value`` (one row per item, on the batch's device: checked by the caller).
-
-    A plain TensorDict whose parent entry exists takes it without re-validation; anything
-    else goes through ``set``.
-    """
-    parent = _get(batch, key[:-1]) if len(key) > 1 else batch
-    if type(parent) is TensorDict and type(batch) is TensorDict:
-        parent._tensordict[key[-1]] = value
-    else:
-        batch.set(key, value)
-
-
-def _keys(batch: TensorDictBase) -> list[str]:
-    return sorted(key_name(k) for k in batch.keys(include_nested=True, leaves_only=True))
-
-
-def _probs(goal_probs: Sequence[float]) -> tuple[float, float, float]:
-    try:
-        probs = tuple(float(p) for p in goal_probs)
-    except (TypeError, ValueError):
-        probs = ()
-    if len(probs) != 3 or not all(0.0 <= p <= 1.0 for p in probs):
-        raise ValueError(
-            f"goal_probs must be three probabilities (p_cur, p_traj, p_random), got {goal_probs!r}"
-        )
-    if not math.isclose(sum(probs), 1.0, abs_tol=1e-6):
-        raise ValueError(f"goal_probs must sum to 1, got {goal_probs!r} (sum {sum(probs)})")
-    return probs[0], probs[1], probs[2]
 
 
 class HindsightRelabel:
@@ -168,10 +126,6 @@ class HindsightRelabel:
     ) -> None:
         if strategy not in STRATEGIES:
             raise ValueError(f"strategy must be one of {sorted(STRATEGIES)}, got {strategy!r}")
-        if isinstance(her_ratio, bool) or not isinstance(her_ratio, (int, float)):
-            raise TypeError(f"her_ratio must be a number in [0, 1], got {her_ratio!r}")
-        if not 0.0 <= her_ratio <= 1.0:
-            raise ValueError(f"her_ratio must be in [0, 1], got {her_ratio!r}")
         if not callable(reward_fn):
             raise TypeError(f"reward_fn must be callable, got {type(reward_fn).__name__}")
         if generator is not None and not isinstance(generator, torch.Generator):
@@ -181,7 +135,7 @@ class HindsightRelabel:
                                 ("discount", discount)] if v is not None]  # fmt: skip
         if given and not ogbench:
             raise ValueError(f"{', '.join(given)}: only for strategy='ogbench'")
-        self.goal_probs = _probs((0.2, 0.5, 0.3) if goal_probs is None else goal_probs)
+        self.goal_probs = check_probs((0.2, 0.5, 0.3) if goal_probs is None else goal_probs)
         self.geom_sample = True if geom_sample is None else bool(geom_sample)
         self.discount = 0.99 if discount is None else float(discount)
         if not 0.0 <= self.discount < 1.0:
@@ -189,7 +143,7 @@ class HindsightRelabel:
         self.episodes = EpisodeIndex(storage, end_key=end_key, traj_key=traj_key)
         self.storage = storage
         self.strategy = strategy
-        self.her_ratio = float(her_ratio)
+        self.her_ratio = her_ratio  # checked by the setter
         self.reward_fn = reward_fn
         self.achieved_key = as_key(achieved_key, "achieved_key")
         self.desired_key = as_key(desired_key, "desired_key")
@@ -197,15 +151,18 @@ class HindsightRelabel:
         #: the key goals are read from (and the achieved goal ``reward_fn`` gets)
         self.goal_key: Key = self.achieved_key if ogbench else ("next", *self.achieved_key)
         self._next_desired: Key = ("next", *self.desired_key)
-        self._code = STRATEGIES[strategy]
+        #: the strategy's code in the kernels (``_goals.STRATEGIES``)
+        self.code = STRATEGIES[strategy]
         self._log_discount = math.log(self.discount) if self.discount > 0 else -math.inf
-        # the kernel's integer and float arguments (for _relabel_cpu): (time, base, capacity,
-        # code, n_relabel) and (p_cur, p_traj, log(discount), nan for uniform later steps)
-        self.ints = np.array([0, 0, 0, self._code, 0], np.int64)
+        # the kernel's float arguments (for _relabel_cpu): p_cur, p_traj, log(discount) (nan
+        # for uniform later steps)
         log_discount = self._log_discount if self.geom_sample else math.nan
         self.floats = np.array([self.goal_probs[0], self.goal_probs[1], log_discount])
-        self._scratch: tuple[np.ndarray, np.ndarray] | None = None
-        self._seed = torch.empty((), dtype=torch.int64)
+        self._scratch: tuple[Any, ...] | None = None
+        #: the CPU path's facts of the storage's goal column (``_relabel_cpu.column_plan``)
+        self.column_plan: ColumnPlan | None = None
+        self._seed = torch.empty(64, dtype=torch.int64)
+        self._seeds: list[int] = []  # drawn, not used yet (in reverse order)
         if generator is None:
             seed = int(torch.empty((), dtype=torch.int64).random_().item())
             generator = torch.Generator().manual_seed(seed)
@@ -217,19 +174,52 @@ class HindsightRelabel:
             f"goal_key={key_name(self.goal_key)}, desired_key={key_name(self.desired_key)})"
         )
 
+    @property
+    def her_ratio(self) -> float:
+        """The fraction of each batch relabeled, in ``[0, 1]`` (assignable, e.g. annealed)."""
+        return self._her_ratio
+
+    @her_ratio.setter
+    def her_ratio(self, value: float) -> None:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise TypeError(f"her_ratio must be a number in [0, 1], got {value!r}")
+        if not 0.0 <= value <= 1.0:  # nan included
+            raise ValueError(f"her_ratio must be in [0, 1], got {value!r}")
+        self._her_ratio = float(value)
+
     # --- the draw -----------------------------------------------------------------------------
     def seed(self) -> int:
-        """A batch's seed: one 63-bit draw from the generator (its uniforms: ``uniforms``)."""
-        return int(self._seed.random_(generator=self.generator).item())
+        """A batch's seed: the generator's next 63-bit draw (its uniforms: ``uniforms``).
 
-    def scratch(self, n: int) -> tuple[np.ndarray, np.ndarray]:
-        """``(n, 4)`` doubles and ``n`` int64 of kernel scratch, reused from batch to batch."""
+        The draws are taken from the generator 64 at a time (the same numbers, in the same
+        order, as one by one); :meth:`state_dict` keeps the ones not used yet.
+        """
+        seeds = self._seeds
+        if not seeds:
+            seeds.extend(self._seed.random_(generator=self.generator).tolist())
+            seeds.reverse()
+        return seeds.pop()
+
+    def scratch(self, n: int, plan: ColumnPlan) -> tuple[np.ndarray, np.ndarray, torch.Size, int]:
+        """Kernel scratch for ``n`` items of ``plan``'s goals, reused from batch to batch.
+
+        ``(n, 4)`` doubles, ``3 n`` int64, the batch's goal shape ``(n, *goal shape)`` and
+        the count of items relabeled.
+        """
         scratch = self._scratch
-        if scratch is None or scratch[1].shape[0] != n:
-            scratch = self._scratch = (np.empty((n, 4), np.float64), np.empty(n, np.int64))
-        return scratch
+        ratio = self.her_ratio
+        if scratch is None or scratch[0] != n or scratch[1] is not plan or scratch[6] != ratio:
+            u, order = np.empty((n, 4), np.float64), np.empty(3 * n, np.int64)
+            shape = torch.Size((n, *plan.column.shape[1:]))
+            scratch = self._scratch = (n, plan, u, order, shape, int(ratio * n), ratio)
+        return scratch[2:6]
 
-    def _sync(self) -> None:
+    def sync(self) -> None:
+        """Bring the episode index up to date with the storage.
+
+        Raises:
+            ValueError: if the storage is empty.
+        """
         episodes = self.episodes
         episodes.sync()
         if episodes.time == 0:
@@ -237,7 +227,7 @@ class HindsightRelabel:
 
     def _draw(self, index: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(goal, read, mask)`` of :func:`~rbdata.transforms._goals.goal_draw` for ``index``."""
-        self._sync()
+        self.sync()
         episodes = self.episodes
         n = int(index.shape[0])
         u = uniforms(self.seed(), n)
@@ -249,7 +239,7 @@ class HindsightRelabel:
             episodes.time,
             episodes.base,
             episodes.capacity,
-            self._code,
+            self.code,
             int(self.her_ratio * n),
             self.goal_probs,
             self.geom_sample,
@@ -271,46 +261,39 @@ class HindsightRelabel:
                 "HindsightRelabel needs TensorDict batches (items with nested keys), got "
                 f"{type(batch).__name__}"
             )
-        index = _get(batch, ("index",))
+        index = get_entry(batch, ("index",))
         if not isinstance(index, torch.Tensor) or index.dim() != 1:
             raise KeyError(
                 "HindsightRelabel needs the batch's 'index' (the storage slot of each item): "
                 "sample through a ReplayBuffer, or add it"
             )
-        achieved = _get(batch, self.goal_key)
+        achieved = get_entry(batch, self.goal_key)
         if not isinstance(achieved, torch.Tensor):
             raise KeyError(
                 f"HindsightRelabel: the batch has no achieved goal {key_name(self.goal_key)}; "
-                f"its keys: {_keys(batch)}"
+                f"its keys: {leaf_names(batch)}"
             )
-        old = _get(batch, self.desired_key)
+        old = get_entry(batch, self.desired_key)
         if not isinstance(old, torch.Tensor) and self.her_ratio < 1.0:
             raise KeyError(
                 f"HindsightRelabel: the batch has no desired goal {key_name(self.desired_key)} "
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )
-        old_next = _get(batch, self._next_desired)
-        column = goal_column(self.storage, self.goal_key) if achieved.is_cpu else None
-        if (
-            column is not None
-            and index.is_cpu
-            and column.shape[0] == self.episodes.capacity
-            and (old is None or (old.is_cpu and old.dtype == column.dtype
-                                 and old.shape == (index.shape[0], *column.shape[1:])))
-        ):  # fmt: skip
-            self._sync()
-            desired, new_next, goal_index = relabel_on_cpu(self, index, old, old_next, column)
-            _put(batch, self.desired_key, desired)
+        old_next = get_entry(batch, self._next_desired)
+        fast = relabel_on_cpu(self, index, old, old_next) if achieved.is_cpu else None
+        if fast is not None:
+            desired, new_next, goal_index = fast
+            put_entry(batch, self.desired_key, desired)
             if new_next is not None:
-                _put(batch, self._next_desired, new_next)
+                put_entry(batch, self._next_desired, new_next)
                 old_next = None
         else:
             desired, goal_index = self._relabel(batch, achieved, old, index)
         if isinstance(old_next, torch.Tensor) and old_next.shape == desired.shape:
             new = desired if desired.dtype == old_next.dtype else desired.to(old_next.dtype)
             mask = (goal_index >= 0).view((-1,) + (1,) * (new.dim() - 1))
-            _put(batch, self._next_desired, torch.where(mask, new, old_next))
-        _put(batch, ("goal_index",), goal_index)
+            put_entry(batch, self._next_desired, torch.where(mask, new, old_next))
+        put_entry(batch, ("goal_index",), goal_index)
         self._reward(batch, achieved, desired, goal_index)
         return batch
 
@@ -338,7 +321,7 @@ class HindsightRelabel:
             desired = torch.where(mask, goals, old)
         else:
             desired = goals
-        _put(batch, self.desired_key, desired)
+        put_entry(batch, self.desired_key, desired)
         return desired, goal_index
 
     def _reward(
@@ -348,11 +331,11 @@ class HindsightRelabel:
         desired: torch.Tensor,
         goal_index: torch.Tensor,
     ) -> None:
-        n = batch.batch_size[0]
         reward = self.reward_fn(achieved, desired, batch)
+        n = goal_index.shape[0]
         cpu = goal_index.is_cpu
         try:
-            if not isinstance(reward, torch.Tensor) or (
+            if type(reward) is not torch.Tensor or (
                 reward.is_cpu is not cpu or (not cpu and reward.device != goal_index.device)
             ):
                 reward = torch.as_tensor(reward, device=goal_index.device)
@@ -361,31 +344,33 @@ class HindsightRelabel:
                 f"reward_fn must return one reward per item (a tensor or array), got "
                 f"{type(reward).__name__}"
             ) from err
-        if reward.shape not in ((n,), (n, 1)):
+        shape = reward.shape
+        if shape != (n,) and shape != (n, 1):
             raise ValueError(
                 f"reward_fn returned shape {tuple(reward.shape)}; expected one reward per item: "
                 f"({n},) or ({n}, 1)"
             )
-        old = _get(batch, self.reward_key)
+        old = get_entry(batch, self.reward_key)
         if isinstance(old, torch.Tensor):
-            if reward.shape != old.shape:
-                reward = reward.reshape(old.shape)
             if reward.dtype != old.dtype:
                 reward = reward.to(old.dtype)
             blended = set_rewards(goal_index, reward, old) if cpu else None
             if blended is None:
+                if reward.shape != old.shape:
+                    reward = reward.reshape(old.shape)
                 mask = (goal_index >= 0).view((-1,) + (1,) * (old.dim() - 1))
                 blended = torch.where(mask, reward, old)
             reward = blended
         else:
             reward = reward.reshape(n, 1)
-        _put(batch, self.reward_key, reward)
+        put_entry(batch, self.reward_key, reward)
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
-        """The generator's state (the episode index is rebuilt from the storage)."""
-        return {"generator": self.generator.get_state()}
+        """The generator's state and its unused draws (the episodes are read from the storage)."""
+        return {"generator": self.generator.get_state(), "seeds": self._seeds[::-1]}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a :meth:`state_dict`."""
         self.generator.set_state(state["generator"])
+        self._seeds = [int(seed) for seed in reversed(state.get("seeds", ()))]

@@ -1,0 +1,60 @@
+"""Batch access and argument checks of :class:`~rbdata.transforms.HindsightRelabel`."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from typing import Any
+
+import torch
+from tensordict import TensorDict, TensorDictBase
+
+from rbdata._layout import Key
+from rbdata._layout_keys import key_name
+
+__all__ = ["check_probs", "get_entry", "leaf_names", "put_entry"]
+
+
+def get_entry(batch: TensorDictBase, key: Key) -> Any:
+    """The entry at ``key``, or ``None`` (a plain TensorDict is walked without its checks)."""
+    if type(batch) is not TensorDict:
+        return batch.get(key, None)
+    node: Any = batch
+    for part in key:
+        if type(node) is not TensorDict:
+            return None
+        node = node._tensordict.get(part)
+    return node
+
+
+def put_entry(batch: TensorDictBase, key: Key, value: torch.Tensor) -> None:
+    """Set ``key`` to ``value`` (one row per item, on the batch's device: checked by the caller).
+
+    A plain TensorDict whose parent entry exists takes it without re-validation; anything
+    else goes through ``set``.
+    """
+    parent = get_entry(batch, key[:-1]) if len(key) > 1 else batch
+    if type(parent) is TensorDict and type(batch) is TensorDict:
+        parent._tensordict[key[-1]] = value
+    else:
+        batch.set(key, value)
+
+
+def leaf_names(batch: TensorDictBase) -> list[str]:
+    """The batch's leaf keys, as sorted names (for error messages)."""
+    return sorted(key_name(k) for k in batch.keys(include_nested=True, leaves_only=True))
+
+
+def check_probs(goal_probs: Sequence[float]) -> tuple[float, float, float]:
+    """OGBench's ``(p_cur, p_traj, p_random)``, checked to be probabilities summing to 1."""
+    try:
+        probs = tuple(float(p) for p in goal_probs)
+    except (TypeError, ValueError):
+        probs = ()
+    if len(probs) != 3 or not all(0.0 <= p <= 1.0 for p in probs):
+        raise ValueError(
+            f"goal_probs must be three probabilities (p_cur, p_traj, p_random), got {goal_probs!r}"
+        )
+    if not math.isclose(sum(probs), 1.0, abs_tol=1e-6):
+        raise ValueError(f"goal_probs must sum to 1, got {goal_probs!r} (sum {sum(probs)})")
+    return probs[0], probs[1], probs[2]
