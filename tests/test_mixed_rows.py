@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import pytest
 import torch
+from _mixed_data import rows, storage
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from rbdata import MixedBuffer, ReplayBuffer, TensorStorage
 from rbdata._layout import Layout, Leaf
+from rbdata.mixed._batch import gather_leaves
 from rbdata.mixed._rows import RowGather, gather_reference, gather_rows
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -107,3 +110,55 @@ def test_row_gather_checks_buffers_by_identity() -> None:
     assert gather.rows(0, [torch.zeros(6, 3)], layout) == 6
     other = Layout("tensordict", [Leaf(("a",), (3,), torch.float64)])
     assert gather.rows(0, [torch.zeros(6, 3)], other) == -1  # a new layout: checked anew
+
+
+def _mixture() -> tuple[MixedBuffer, ReplayBuffer]:
+    online = ReplayBuffer(TensorStorage(64))
+    online.extend(rows(20, 5000))
+    mixed = MixedBuffer(
+        {"a": storage(30, 0), "b": online, "c": storage(9, 9000, 12)},
+        {"a": 1.0, "b": 2.0, "c": 0.5},
+        generator=torch.Generator().manual_seed(0),
+    )
+    return mixed, online
+
+
+def _check(mixed: MixedBuffer, batch: object) -> None:
+    """Every row equals its source's own row at the batch's index."""
+    position, local = mixed.locate(batch["index"])  # type: ignore[index]
+    for pos, source in enumerate(mixed.sources.values()):
+        store = source.storage if isinstance(source, ReplayBuffer) else source
+        mine = position == pos
+        if bool(mine.any()):
+            expected = store[local[mine]]
+            for key in ("id", "obs"):
+                assert torch.equal(batch[key][mine], expected[key])  # type: ignore[index]
+
+
+def test_samples_follow_the_memory_when_it_moves() -> None:
+    mixed, online = _mixture()
+    _check(mixed, mixed.sample(40))
+    before = [b.data_ptr() for b in online.storage.buffers]
+    for buf in online.storage.buffers:  # memory moves under the checked tensors
+        buf.share_memory_()
+    assert [b.data_ptr() for b in online.storage.buffers] != before
+    online.extend(rows(30, 7000))  # written where the memory is now
+    for _ in range(3):
+        _check(mixed, mixed.sample(40))
+
+
+def test_the_kernel_and_the_torch_paths_give_the_same_batch() -> None:
+    mixed, _ = _mixture()
+    parts, _, _, _ = mixed.sampler.draw_parts(50)
+    layout = mixed.sampler.layout
+    assert layout is not None
+    device = torch.device("cpu")
+    fast, columns = gather_leaves(parts, layout, 50, device, RowGather(), True)
+    slow, none = gather_leaves(parts, layout, 50, device, None, True)
+    assert columns is not None and none is None
+    for a, b in zip(fast, slow, strict=True):
+        assert torch.equal(a, b)
+    batch = mixed.dataset.__getitems__(columns[0].tolist())
+    assert torch.equal(batch["source"], columns[1])
+    for a, key in zip(fast, layout.keys, strict=True):
+        assert torch.equal(batch[key], a)
