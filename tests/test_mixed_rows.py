@@ -4,7 +4,9 @@ The reference is ``index_select`` per source and leaf, then ``torch.cat``
 (:func:`gather_reference`); the combined index and source columns are checked against
 ``cat(indices[s] + offsets[s])`` and ``repeat_interleave(positions, counts)``. Layouts,
 dtypes (bool, uint8, float16, float64, int64, complex, ...), per-row shapes (odd byte widths
-included), counts (zeros included) and the buffers' alignments are random.
+included), counts (zeros included) and the buffers' alignments are random. Then the
+mixture's batches through the kernel against the storages' own rows (the memory moving
+included) and the torch path, and the cached neutral extras (never handed out).
 """
 
 from __future__ import annotations
@@ -17,7 +19,7 @@ from hypothesis import strategies as st
 
 from rbdata import MixedBuffer, ReplayBuffer, TensorStorage
 from rbdata._layout import Layout, Leaf
-from rbdata.mixed._batch import gather_leaves
+from rbdata.mixed._batch import fill_extras, gather_leaves
 from rbdata.mixed._rows import RowGather, gather_reference, gather_rows
 
 DTYPES = [torch.bool, torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64]
@@ -162,3 +164,16 @@ def test_the_kernel_and_the_torch_paths_give_the_same_batch() -> None:
     assert torch.equal(batch["source"], columns[1])
     for a, key in zip(fast, layout.keys, strict=True):
         assert torch.equal(batch[key], a)
+
+
+def test_neutral_extras_are_never_shared_between_batches() -> None:
+    weight = torch.tensor([0.5, 0.25])
+    for extras, counts in (([{}], [3]), ([{}, {"weight": weight}], [3, 2])):
+        first = fill_extras(extras, counts, weight=True)["weight"]
+        first.fill_(7.0)  # a user's in-place change to one batch
+        second = fill_extras(extras, counts, weight=True)["weight"]
+        assert second.tolist() == [1.0] * 3 + weight.tolist()[: len(second) - 3]
+    mask = fill_extras([{"mask": torch.tensor([False])}, {}], [1, 2])["mask"]
+    assert mask.tolist() == [False, True, True]
+    slices = fill_extras([{}, {"slice": torch.tensor([4, 5])}], [2, 2])["slice"]
+    assert slices.tolist() == [-1, -1, 4, 5]

@@ -123,11 +123,30 @@ def fill_extras(
         for e, count in zip(extras, counts, strict=True):
             found = e.get(key)
             if found is None:
-                fill = 1 if like.is_floating_point() or like.dtype == torch.bool else -1
-                found = torch.full((count,), fill, dtype=like.dtype, device=like.device)
+                found = _neutral(count, like)
             columns.append(found)
-        out[key] = columns[0] if len(columns) == 1 else torch.cat(columns)
+        if len(columns) > 1:
+            out[key] = torch.cat(columns)
+        else:  # never hand out a cached neutral column itself
+            out[key] = columns[0] if key in extras[0] else columns[0].clone()
     return out
+
+
+#: neutral columns by (count, dtype, device): only ever concatenated (copied), never handed out
+_NEUTRAL: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _neutral(count: int, like: torch.Tensor) -> torch.Tensor:
+    """``count`` neutral values of ``like``'s dtype and device (1, ``True`` or -1), cached."""
+    key = (count, like.dtype, like.device)
+    got = _NEUTRAL.get(key)
+    if got is None:
+        fill = 1 if like.is_floating_point() or like.dtype == torch.bool else -1
+        got = torch.full((count,), fill, dtype=like.dtype, device=like.device)
+        if len(_NEUTRAL) > 64:  # batch sizes and dtypes seen: a handful
+            _NEUTRAL.clear()
+        _NEUTRAL[key] = got
+    return got
 
 
 def assemble(
