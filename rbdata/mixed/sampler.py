@@ -120,7 +120,7 @@ class MixedSampler(Sampler):
         """Each source's draw: ``(source, local indices)`` pairs, extras, counts, and more.
 
         The last item is the batch's cached ``"source"`` and offset columns (see
-        :meth:`plan`), which :func:`~rbdata.mixed._batch.combine` turns into the batch's
+        :meth:`plan`), which ``rbdata.mixed._batch.combine`` turns into the batch's
         combined indices and ``"source"`` column.
 
         A draw that raises (e.g. a :class:`~rbdata.samplers.SliceSampler` given a count
