@@ -2,10 +2,13 @@
 
 :func:`assemble` takes each source's local indices (in batch order, source after source) and
 returns the user-facing batch: the selected leaves, ``"index"`` (the combined index),
-``"source"`` (the source's position) and the samplers' extras. Where a storage exposes its
-backing tensors (``buffers``) and is not written by other processes, each source's rows are
-gathered with one ``index_select`` per leaf and each leaf concatenated: no per-source batch
-(TensorDict) is built. Other storages gather through their ``gather`` contract.
+``"source"`` (the source's position) and the samplers' extras. Where every storage exposes
+its backing tensors (``buffers``) on the CPU and is not written by other processes, one
+numba kernel call (:class:`~rbdata.mixed._rows.RowGather`) copies every leaf's rows of
+every source, and the ``"index"`` and ``"source"`` columns, into the batch's fresh tensors.
+On other devices each source's rows are gathered with one ``index_select`` per leaf and each
+leaf concatenated; other storages gather through their ``gather`` contract. No per-source
+batch (TensorDict) is built on the first two paths.
 """
 
 from __future__ import annotations
@@ -16,9 +19,12 @@ from typing import Any
 import torch
 
 from rbdata._layout import Layout
+from rbdata.mixed._rows import RowGather
 from rbdata.mixed._sources import Source
 
-__all__ = ["assemble", "fill_extras", "gather_leaves"]
+__all__ = ["assemble", "combine", "fill_extras", "gather_leaves"]
+
+Columns = tuple[torch.Tensor, torch.Tensor]
 
 
 def _leaves_of(batch: Any, layout: Layout) -> list[torch.Tensor]:
@@ -27,32 +33,64 @@ def _leaves_of(batch: Any, layout: Layout) -> list[torch.Tensor]:
     return [batch.get(leaf.key) for leaf in layout.leaves]
 
 
+def _buffers(parts: Sequence[tuple[Source, torch.Tensor]]) -> list[list[torch.Tensor]] | None:
+    """Each part's backing tensors in output order, ``None`` unless every source has them."""
+    out = []
+    for source, _ in parts:
+        columns = source.columns
+        if columns is None or not columns.fast or source.storage.shared:
+            return None
+        buffers = source.storage.buffers  # type: ignore[attr-defined]
+        out.append([buffers[p] for p in columns.positions])
+    return out
+
+
 def gather_leaves(
-    parts: Sequence[tuple[Source, torch.Tensor]], layout: Layout, n: int, device: torch.device
-) -> list[torch.Tensor]:
-    """The batch's leaves (in ``layout`` order): the rows at each part's indices, in turn."""
-    if len(parts) == 1:
-        source, idx = parts[0]
-        return _slow_part(source, idx, layout)
-    if all(s.columns is not None and s.columns.fast and not s.storage.shared for s, _ in parts):
-        # per leaf: one index_select per source, then one cat (measured cheaper than
-        # gathering into slices of a preallocated leaf: a slice costs about an index_select)
+    parts: Sequence[tuple[Source, torch.Tensor]],
+    layout: Layout,
+    n: int,
+    device: torch.device,
+    rows: RowGather | None = None,
+    columns: bool = False,
+) -> tuple[list[torch.Tensor], Columns | None]:
+    """The batch's leaves (in ``layout`` order): the rows at each part's indices, in turn.
+
+    ``rows``: the CPU kernel gather, tried first. With ``columns``, the kernel also makes
+    the ``"index"`` and ``"source"`` columns (returned second; ``None`` where it did not).
+    """
+    buffers = _buffers(parts)
+    if buffers is None:
+        pieces = [_slow_part(source, idx, layout) for source, idx in parts]
+    elif rows is not None and device.type == "cpu":
+        got = rows(parts, buffers, n, layout, columns)
+        if got is not None:
+            return got
+        pieces = [_slow_part(source, idx, layout) for source, idx in parts]
+    else:  # per leaf: one index_select per source, then one cat
         select = torch.index_select
         pieces = []
-        for source, idx in parts:
-            buffers = source.storage.buffers  # type: ignore[attr-defined]
+        for bufs, (_, idx) in zip(buffers, parts, strict=True):
             if idx.device != device:
                 idx = idx.to(device, non_blocking=idx.is_cpu)
-            positions = source.columns.positions  # type: ignore[union-attr]
-            pieces.append([select(buffers[p], 0, idx) for p in positions])
-    else:
-        pieces = [_slow_part(source, idx, layout) for source, idx in parts]
-    return [torch.cat(column) for column in zip(*pieces, strict=True)]
+            pieces.append([select(b, 0, idx) for b in bufs])
+    if len(pieces) == 1:
+        return pieces[0], None
+    return [torch.cat(column) for column in zip(*pieces, strict=True)], None
 
 
 def _slow_part(source: Source, idx: torch.Tensor, layout: Layout) -> list[torch.Tensor]:
     """One source's rows through the storage's ``gather`` contract."""
     return _leaves_of(source.storage.gather(idx, None), layout)
+
+
+def combine(parts: Sequence[tuple[Source, torch.Tensor]], plan: Columns) -> Columns:
+    """The batch's combined ``"index"`` and its ``"source"`` column (new tensors).
+
+    ``plan``: the batch's cached ``"source"`` and offset columns (``MixedSampler.plan``).
+    """
+    column, offset_column = plan
+    index = torch.cat([idx for _, idx in parts]) if len(parts) > 1 else parts[0][1]
+    return index + offset_column.to(index.device), column.clone()
 
 
 def fill_extras(
@@ -85,11 +123,30 @@ def fill_extras(
         for e, count in zip(extras, counts, strict=True):
             found = e.get(key)
             if found is None:
-                fill = 1 if like.is_floating_point() or like.dtype == torch.bool else -1
-                found = torch.full((count,), fill, dtype=like.dtype, device=like.device)
+                found = _neutral(count, like)
             columns.append(found)
-        out[key] = columns[0] if len(columns) == 1 else torch.cat(columns)
+        if len(columns) > 1:
+            out[key] = torch.cat(columns)
+        else:  # never hand out a cached neutral column itself
+            out[key] = columns[0] if key in extras[0] else columns[0].clone()
     return out
+
+
+#: neutral columns by (count, dtype, device): only ever concatenated (copied), never handed out
+_NEUTRAL: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+
+
+def _neutral(count: int, like: torch.Tensor) -> torch.Tensor:
+    """``count`` neutral values of ``like``'s dtype and device (1, ``True`` or -1), cached."""
+    key = (count, like.dtype, like.device)
+    got = _NEUTRAL.get(key)
+    if got is None:
+        fill = 1 if like.is_floating_point() or like.dtype == torch.bool else -1
+        got = torch.full((count,), fill, dtype=like.dtype, device=like.device)
+        if len(_NEUTRAL) > 64:  # batch sizes and dtypes seen: a handful
+            _NEUTRAL.clear()
+        _NEUTRAL[key] = got
+    return got
 
 
 def assemble(
@@ -98,9 +155,16 @@ def assemble(
     n: int,
     device: torch.device,
     extra: dict[str, torch.Tensor],
+    rows: RowGather | None = None,
+    plan: Columns | None = None,
 ) -> Any:
-    """The user-facing batch of ``parts`` with the per-item entries ``extra``."""
-    leaves = gather_leaves(parts, layout, n, device)
+    """The user-facing batch of ``parts`` with the per-item entries ``extra``.
+
+    With ``plan`` (see :func:`combine`), ``"index"`` and ``"source"`` are added to ``extra``.
+    """
+    leaves, columns = gather_leaves(parts, layout, n, device, rows, plan is not None)
+    if plan is not None:
+        extra["index"], extra["source"] = combine(parts, plan) if columns is None else columns
     if device.type != "cpu" or any(not v.is_cpu for v in extra.values()):
         for key, value in extra.items():
             if value.device != device:

@@ -177,13 +177,12 @@ class MixedBuffer:
             ~rbdata.errors.EmptyBufferError: no source with a positive weight holds data.
         """
         n = self._batch_size(batch_size)
-        parts, extras, counts, (index, column) = self.sampler.draw_parts(n)
-        extra = fill_extras(extras, counts, self.sampler.weighted)
-        extra["index"] = index
-        extra["source"] = column.clone()
-        layout = self.sampler.layout
+        sampler = self.sampler
+        parts, extras, counts, plan = sampler.draw_parts(n)
+        extra = fill_extras(extras, counts, sampler.weighted)
+        layout = sampler.layout
         assert layout is not None  # a drawn source has data, hence a layout
-        return assemble(parts, layout, n, self._device, extra)
+        return assemble(parts, layout, n, self._device, extra, self.dataset.row_gather, plan)
 
     def __iter__(self) -> Iterator[Any]:
         """Endless batches of ``batch_size``."""

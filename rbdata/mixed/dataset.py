@@ -19,6 +19,7 @@ from rbdata._index import IndexBatch
 from rbdata._layout import Layout
 from rbdata.mixed._batch import assemble
 from rbdata.mixed._priorities import split_index
+from rbdata.mixed._rows import RowGather
 from rbdata.mixed._sources import STORAGE, Source
 from rbdata.storages import wrap_for_collate
 
@@ -43,6 +44,7 @@ class MixedDataset(Dataset[Any]):
         self.sources = sources
         self._layout = layout
         self.owner: Any = None  # the MixedSampler that keeps the layout up to date
+        self.row_gather = RowGather()  # the CPU kernel gather (pickled empty)
 
     @property
     def layout(self) -> Layout | None:
@@ -58,7 +60,7 @@ class MixedDataset(Dataset[Any]):
             dataclasses.replace(s, obj=s.storage, kind=STORAGE, sampler=None)  # type: ignore[arg-type]
             for s in self.sources
         ]
-        return {"sources": bare, "_layout": self.layout, "owner": None}
+        return {"sources": bare, "_layout": self.layout, "owner": None, "row_gather": RowGather()}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -108,7 +110,8 @@ class MixedDataset(Dataset[Any]):
             parts.append((source, local))
         extras.setdefault("source", position)
         extras["index"] = idx
-        batch = assemble(parts, layout, idx.numel(), self.sources[0].storage.device, extras)
+        device = self.sources[0].storage.device
+        batch = assemble(parts, layout, idx.numel(), device, extras, self.row_gather)
         if inverse is not None:
             batch = batch[inverse]
         return wrap_for_collate(batch, sys._getframe(1))

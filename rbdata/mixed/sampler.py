@@ -16,6 +16,7 @@ import torch
 
 from rbdata._layout import Key, Layout
 from rbdata.errors import EmptyBufferError
+from rbdata.mixed._batch import combine, fill_extras
 from rbdata.mixed._counts import check_weights, largest_remainder
 from rbdata.mixed._sources import Source, check_layout
 from rbdata.samplers.base import Sampler, check_batch_size
@@ -118,8 +119,9 @@ class MixedSampler(Sampler):
     ) -> tuple[list[tuple[Source, torch.Tensor]], list[dict[str, torch.Tensor]], list[int], Any]:
         """Each source's draw: ``(source, local indices)`` pairs, extras, counts, and more.
 
-        The last item is the batch's combined indices and its ``"source"`` column (cached:
-        clone it before handing it out).
+        The last item is the batch's cached ``"source"`` and offset columns (see
+        :meth:`plan`), which ``rbdata.mixed._batch.combine`` turns into the batch's
+        combined indices and ``"source"`` column.
 
         A draw that raises (e.g. a :class:`~rbdata.samplers.SliceSampler` given a count
         that is no multiple of its slice length) leaves every source's generator as it was.
@@ -138,17 +140,13 @@ class MixedSampler(Sampler):
             for (source, _), state in zip(drawing, saved, strict=False):
                 source.sampler.generator.set_state(state)
             raise
-        index = torch.cat([idx for _, idx in parts]) if len(parts) > 1 else parts[0][1]
-        index = index + offset_column.to(index.device)  # combined indices, a new tensor
-        return parts, extras, [c for _, c in drawing], (index, column)
+        return parts, extras, [c for _, c in drawing], (column, offset_column)
 
     def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
         """Combined indices of one batch, and ``"source"`` and the samplers' extras."""
-        from rbdata.mixed._batch import fill_extras
-
-        _, extras, counts, (index, column) = self.draw_parts(check_batch_size(batch_size))
+        parts, extras, counts, plan = self.draw_parts(check_batch_size(batch_size))
         out = fill_extras(extras, counts, self.weighted)
-        out["source"] = column.clone()
+        index, out["source"] = combine(parts, plan)
         return index, out
 
     def __len__(self) -> int:
