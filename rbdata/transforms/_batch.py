@@ -12,7 +12,7 @@ from tensordict import TensorDict, TensorDictBase
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
 
-__all__ = ["check_probs", "get_entry", "leaf_names", "put_entry"]
+__all__ = ["check_probs", "entry_of", "get_entry", "leaf_names", "put_entry"]
 
 
 def get_entry(batch: TensorDictBase, key: Key) -> Any:
@@ -25,6 +25,22 @@ def get_entry(batch: TensorDictBase, key: Key) -> Any:
             return None
         node = node._tensordict.get(part)
     return node
+
+
+def entry_of(entries: dict[str, Any], key: Key) -> tuple[dict[str, Any] | None, Any]:
+    """``(the entries holding key's last part, the value at key)`` in a plain TensorDict.
+
+    ``entries``: a plain TensorDict's own entries; ``(None, None)`` where a part is missing
+    or is not a plain TensorDict. Setting ``holder[key[-1]]`` then replaces the entry
+    without TensorDict's checks (the caller checks shape and device).
+    """
+    holder = entries
+    for part in key[:-1]:
+        node = holder.get(part)
+        if type(node) is not TensorDict:
+            return None, None
+        holder = node._tensordict
+    return holder, holder.get(key[-1])
 
 
 def put_entry(batch: TensorDictBase, key: Key, value: torch.Tensor) -> None:

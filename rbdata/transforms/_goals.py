@@ -80,6 +80,12 @@ def _splitmix(seed: int, k: int) -> float:  # pragma: no cover
     return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
 
+@numba.njit(cache=True, nogil=True, inline="always")
+def _uniform(u: Any, seed: int, i: int, c: int) -> float:  # pragma: no cover
+    """``u[i, c]``, or :func:`uniforms` of ``seed`` at ``[i, c]`` computed here (``seed >= 0``)."""
+    return _splitmix(seed, 4 * i + c) if seed >= 0 else u[i, c]
+
+
 @numba.njit(cache=True, nogil=True)
 def _nb_draw(
     slots: Any,
@@ -100,8 +106,8 @@ def _nb_draw(
     """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order``: ``3 n`` of scratch.
 
     ``log_discount`` is ``nan`` for OGBench's uniform later steps (``geom_sample=False``).
-    ``seed >= 0``: ``u`` is scratch, the entries used are :func:`uniforms` of ``seed``
-    (computed here, only those); ``seed < 0``: ``u`` is given.
+    ``seed < 0``: the uniforms are ``u``; ``seed >= 0``: :func:`uniforms` of ``seed``,
+    each computed where it is used (``u`` is not read).
     """
     n = slots.shape[0]
     oldest = max(0, time - capacity)
@@ -109,22 +115,21 @@ def _nb_draw(
     for i in range(n):
         goal[i] = -1
         order[i] = i
-    ncols = 4 if code == 3 else 2
-    if seed >= 0:
-        for i in range(n_relabel):
-            u[i, 0] = _splitmix(seed, 4 * i)
     for i in range(n_relabel):  # a uniformly random subset of n_relabel items
-        j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
+        j = i + min(int(_uniform(u, seed, i, 0) * (n - i)), n - i - 1)
         order[i], order[j] = order[j], order[i]
     nends = ends.shape[0]
     geom = not math.isnan(log_discount)
     times, found = order[n : 2 * n], order[2 * n : 3 * n]
+    # slot and time differ by ``off`` (the slot of time ``oldest``) modulo the capacity: a
+    # compare where the slot is in range, not a 64-bit division per item
+    off = (base + oldest) % capacity
     for r in range(n_relabel):
-        i = order[r]
-        times[r] = oldest + (slots[i] - base - oldest) % capacity
-        if seed >= 0:
-            for c in range(1, ncols):
-                u[i, c] = _splitmix(seed, 4 * i + c)
+        x = slots[order[r]] - off
+        x += capacity * (x < 0)
+        if x < 0 or x >= capacity:  # a slot outside [0, capacity): the general rule
+            x = (slots[order[r]] - base - oldest) % capacity
+        times[r] = oldest + x
     _lower_bounds(ends, times, found, n_relabel)  # the first end at or after each time
     for r in range(n_relabel):
         i = order[r]
@@ -134,7 +139,7 @@ def _nb_draw(
         s = ends[k - 1] + 1 if k > 0 else oldest
         if s < oldest:
             s = oldest
-        v = u[i, 1]
+        v = _uniform(u, seed, i, 1)
         if code == 0:
             g = t + min(int(v * (e - t + 1)), e - t)
         elif code == 1:
@@ -142,7 +147,7 @@ def _nb_draw(
         elif code == 2:
             g = s + min(int(v * (e - s + 1)), e - s)
         else:
-            w = u[i, 2]
+            w = _uniform(u, seed, i, 2)
             if v < p_cur:
                 g = t
             elif v < p_cur + p_traj:
@@ -159,8 +164,12 @@ def _nb_draw(
                     a = min(t + 1, e)
                     g = int(np.rint(a * w + e * (1.0 - w)))
             else:
-                g = oldest + min(int(u[i, 3] * held), held - 1)
-        goal[i] = (base + g) % capacity
+                g = oldest + min(int(_uniform(u, seed, i, 3) * held), held - 1)
+        x = off + (g - oldest)  # (base + g) % capacity, g in [oldest, oldest + capacity)
+        x -= capacity * (x >= capacity)
+        if x < 0 or x >= capacity:
+            x = (base + g) % capacity
+        goal[i] = x
 
 
 @numba.njit(cache=True, nogil=True)

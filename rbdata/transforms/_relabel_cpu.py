@@ -5,10 +5,12 @@ and memmap storages), one kernel (:func:`~rbdata.transforms._goals.relabel`) fin
 episode, draws its goal step and writes the new desired goals (and ``("next", *desired)``)
 straight from the storage's column into the batch's new tensors; a second one
 (:func:`~rbdata.transforms._goals.blend`) keeps the stored rewards of the items not
-relabeled. The per-batch cost is then a few small allocations, the uniforms and the two
-kernels: no column gather, no ``torch.where``, no TensorDict machinery. Anything else (GPU
-batches, list and Arrow storages, dtypes that differ) takes the general path, which draws the
-very same goals.
+relabeled. :func:`relabel_batch` does a whole plain TensorDict batch of the usual shape with
+one pass of checks (the per-batch cost is then a few small allocations and the two kernels:
+no column gather, no ``torch.where``, no TensorDict machinery); :func:`relabel_on_cpu` does
+the goals of the other CPU batches (no desired goal yet, rewards to convert). Anything else
+(GPU batches, list and Arrow storages, dtypes that differ) takes the general path, which
+draws the very same goals.
 """
 
 from __future__ import annotations
@@ -18,8 +20,10 @@ from typing import TYPE_CHECKING, Any, NamedTuple
 
 import numpy as np
 import torch
+from tensordict import TensorDict
 
 from rbdata._layout import Key
+from rbdata.transforms._batch import entry_of
 from rbdata.transforms._goals import blend, relabel
 
 if TYPE_CHECKING:
@@ -30,6 +34,7 @@ __all__ = [
     "ColumnPlan",
     "column_plan",
     "goal_column",
+    "relabel_batch",
     "relabel_on_cpu",
     "set_rewards",
 ]
@@ -96,6 +101,106 @@ def goal_column(her: HindsightRelabel) -> ColumnPlan | None:
         return plan
     plan = her.column_plan = column_plan(storage, her.goal_key, her.episodes.capacity)
     return plan
+
+
+def relabel_batch(her: HindsightRelabel, batch: TensorDict) -> bool:
+    """Relabel a plain CPU TensorDict batch entirely here (goals, rewards), or do nothing.
+
+    The common case in one pass of checks: ``"index"`` a contiguous int64 CPU vector, the
+    desired goals (and ``("next", *desired_key)`` where the batch has it) contiguous CPU
+    tensors of the storage goal column's dtype and item shape, the stored rewards one
+    contiguous CPU value per item of a :data:`FAST_DTYPES` dtype, the goal column one
+    :func:`goal_column` takes, and ``reward_fn`` returning a CPU tensor of the rewards'
+    dtype (no gradient). Returns ``False``, having drawn nothing and changed nothing, where
+    the entries are not all so (the general path then does the batch); ``True`` once done.
+    A reward that is not so after the draw is blended by ``her.blend_reward``.
+    """
+    if batch.is_locked:
+        return False
+    entries = batch._tensordict
+    index = entries.get("index")
+    desired_at, old = entry_of(entries, her.desired_key)
+    next_at, old_next = entry_of(entries, her.next_desired_key)
+    reward_at, old_reward = entry_of(entries, her.reward_key)
+    achieved = entry_of(entries, her.goal_key)[1]
+    tensor = torch.Tensor
+    if (
+        type(index) is not tensor
+        or type(old) is not tensor
+        or type(old_reward) is not tensor
+        or type(achieved) is not tensor
+        or desired_at is None
+        or reward_at is None
+    ):
+        return False
+    plan = goal_column(her)
+    if plan is None:
+        return False
+    n = index.shape[0]
+    u, order, shape, n_relabel = her.scratch(n, plan)
+    dtype = plan.column.dtype
+    if (
+        index.dtype is not torch.int64
+        or index.dim() != 1
+        or not index.is_cpu
+        or old.shape != shape  # n rows (index is then a vector of n) of goals
+        or old.dtype is not dtype
+        or not old.is_cpu
+        or not achieved.is_cpu
+        or not old_reward.is_cpu
+        or old_reward.numel() != n
+        or old_reward.dtype not in FAST_DTYPES
+        or not (index.is_contiguous() and old.is_contiguous() and old_reward.is_contiguous())
+    ):
+        return False
+    if old_next is not None and (
+        type(old_next) is not tensor
+        or old_next.shape != shape
+        or old_next.dtype is not dtype
+        or not old_next.is_cpu
+        or not old_next.is_contiguous()
+    ):
+        return False
+    her.sync()
+    empty_like = torch.empty_like
+    desired = empty_like(old)
+    goal = empty_like(index)
+    if old_next is None:
+        new_next, next_old_ptr, next_ptr = None, 0, 0
+    else:
+        new_next = empty_like(old_next)
+        next_old_ptr, next_ptr = old_next.data_ptr(), new_next.data_ptr()
+    episodes = her.episodes
+    relabel(
+        her.seed(), n, plan.width, episodes.time, episodes.base, episodes.capacity, her.code,
+        n_relabel, her.floats, episodes.ends, u, order, plan.like, index.data_ptr(),
+        goal.data_ptr(), plan.column.data_ptr(), old.data_ptr(), desired.data_ptr(),
+        next_old_ptr, next_ptr,
+    )  # fmt: skip
+    desired_at[her.desired_key[-1]] = desired
+    if next_at is not None and new_next is not None:
+        next_at[her.next_desired_key[-1]] = new_next
+    entries["goal_index"] = goal
+    reward = her.reward_fn(achieved, desired, batch)
+    if (
+        type(reward) is tensor
+        and reward.dtype is old_reward.dtype
+        and reward.is_cpu
+        and reward.numel() == n
+        and reward.dim() in (1, 2)
+        and reward.shape[0] == n
+        and reward.is_contiguous()
+        and not reward.requires_grad
+    ):
+        out = empty_like(old_reward)
+        blend(
+            n, 1, like(old_reward.dtype), goal.data_ptr(), reward.data_ptr(),
+            old_reward.data_ptr(), out.data_ptr(),
+        )  # fmt: skip
+        reward_at[her.reward_key[-1]] = out
+    else:
+        her.blend_reward(batch, reward, goal)
+    return True
 
 
 def relabel_on_cpu(

@@ -14,13 +14,13 @@ from typing import Any
 
 import numpy as np
 import torch
-from tensordict import TensorDictBase
+from tensordict import TensorDict, TensorDictBase
 
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
 from rbdata.transforms._batch import check_probs, get_entry, leaf_names, put_entry
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
-from rbdata.transforms._relabel_cpu import ColumnPlan, relabel_on_cpu, set_rewards
+from rbdata.transforms._relabel_cpu import ColumnPlan, relabel_batch, relabel_on_cpu, set_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
 __all__ = ["HindsightRelabel"]
@@ -150,7 +150,8 @@ class HindsightRelabel:
         self.reward_key = as_key(reward_key, "reward_key")
         #: the key goals are read from (and the achieved goal ``reward_fn`` gets)
         self.goal_key: Key = self.achieved_key if ogbench else ("next", *self.achieved_key)
-        self._next_desired: Key = ("next", *self.desired_key)
+        #: where the next step's desired goal is (blended as well where the batch has it)
+        self.next_desired_key: Key = ("next", *self.desired_key)
         #: the strategy's code in the kernels (``_goals.STRATEGIES``)
         self.code = STRATEGIES[strategy]
         self._log_discount = math.log(self.discount) if self.discount > 0 else -math.inf
@@ -203,13 +204,14 @@ class HindsightRelabel:
     def scratch(self, n: int, plan: ColumnPlan) -> tuple[np.ndarray, np.ndarray, torch.Size, int]:
         """Kernel scratch for ``n`` items of ``plan``'s goals, reused from batch to batch.
 
-        ``(n, 4)`` doubles, ``3 n`` int64, the batch's goal shape ``(n, *goal shape)`` and
-        the count of items relabeled.
+        An empty ``(0, 4)`` array of doubles (the kernel makes its uniforms where it uses
+        them), ``3 n`` int64, the batch's goal shape ``(n, *goal shape)`` and the count of
+        items relabeled.
         """
         scratch = self._scratch
         ratio = self.her_ratio
         if scratch is None or scratch[0] != n or scratch[1] is not plan or scratch[6] != ratio:
-            u, order = np.empty((n, 4), np.float64), np.empty(3 * n, np.int64)
+            u, order = np.empty((0, 4), np.float64), np.empty(3 * n, np.int64)
             shape = torch.Size((n, *plan.column.shape[1:]))
             scratch = self._scratch = (n, plan, u, order, shape, int(ratio * n), ratio)
         return scratch[2:6]
@@ -256,6 +258,8 @@ class HindsightRelabel:
 
     def __call__(self, batch: Any) -> Any:
         """Relabel a sampled batch (a TensorDict carrying ``"index"``); return it."""
+        if type(batch) is TensorDict and relabel_batch(self, batch):
+            return batch  # the CPU fast path did the whole batch
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
                 "HindsightRelabel needs TensorDict batches (items with nested keys), got "
@@ -279,22 +283,22 @@ class HindsightRelabel:
                 f"HindsightRelabel: the batch has no desired goal {key_name(self.desired_key)} "
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )
-        old_next = get_entry(batch, self._next_desired)
+        old_next = get_entry(batch, self.next_desired_key)
         fast = relabel_on_cpu(self, index, old, old_next) if achieved.is_cpu else None
         if fast is not None:
             desired, new_next, goal_index = fast
             put_entry(batch, self.desired_key, desired)
             if new_next is not None:
-                put_entry(batch, self._next_desired, new_next)
+                put_entry(batch, self.next_desired_key, new_next)
                 old_next = None
         else:
             desired, goal_index = self._relabel(batch, achieved, old, index)
         if isinstance(old_next, torch.Tensor) and old_next.shape == desired.shape:
             new = desired if desired.dtype == old_next.dtype else desired.to(old_next.dtype)
             mask = (goal_index >= 0).view((-1,) + (1,) * (new.dim() - 1))
-            put_entry(batch, self._next_desired, torch.where(mask, new, old_next))
+            put_entry(batch, self.next_desired_key, torch.where(mask, new, old_next))
         put_entry(batch, ("goal_index",), goal_index)
-        self._reward(batch, achieved, desired, goal_index)
+        self.blend_reward(batch, self.reward_fn(achieved, desired, batch), goal_index)
         return batch
 
     def _relabel(
@@ -324,14 +328,13 @@ class HindsightRelabel:
         put_entry(batch, self.desired_key, desired)
         return desired, goal_index
 
-    def _reward(
-        self,
-        batch: TensorDictBase,
-        achieved: torch.Tensor,
-        desired: torch.Tensor,
-        goal_index: torch.Tensor,
-    ) -> None:
-        reward = self.reward_fn(achieved, desired, batch)
+    def blend_reward(self, batch: TensorDictBase, reward: Any, goal_index: torch.Tensor) -> None:
+        """Set the batch's rewards: ``reward`` (``reward_fn``'s) where relabeled, else kept.
+
+        Raises:
+            TypeError: if ``reward`` is not a tensor or an array.
+            ValueError: if it is not one reward per item.
+        """
         n = goal_index.shape[0]
         cpu = goal_index.is_cpu
         try:
