@@ -35,7 +35,11 @@ class ReplayBuffer:
             (with replacement). A sampler whose ``data_source`` is ``None`` is bound to
             ``storage``.
         writer: where items go; default :class:`~rbdata.writers.RoundRobinWriter`.
-        transform: called on every sampled batch.
+        transform: called on every sampled batch. A transform with an ``on_sampled(batch)``
+            method gets that call instead, on the batch the storage's ``gather`` has just
+            returned (nothing but the buffer has seen it): it may write into the tensors
+            that gather made (:class:`~rbdata.HindsightRelabel` does, on tensor and memmap
+            storages, whose gathers make new tensors; calling it never does).
         batch_size: default batch size of :meth:`sample` and of iteration.
         priority_key: the entry of a batch that :meth:`update_priority` reads the
             priorities from when given a whole batch (torchrl's default, ``"td_error"``).
@@ -217,7 +221,10 @@ class ReplayBuffer:
             extra.update(extras)
         batch = self.storage.gather(idx, extra)
         transform = self.transform
-        return batch if transform is None else transform(batch)
+        if transform is None:
+            return batch
+        on_sampled = getattr(transform, "on_sampled", None)
+        return transform(batch) if on_sampled is None else on_sampled(batch)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Draw one batch (default size: the buffer's ``batch_size``).

@@ -80,7 +80,11 @@ class _StorageReader:
     def sample(self, batch_size: int) -> Any:
         idx, extras = self.sampler.draw(batch_size)
         batch = self.storage.__getitems__(IndexBatch(idx, extras))
-        return batch if self.transform is None else self.transform(batch)
+        transform = self.transform
+        if transform is None:
+            return batch
+        on_sampled = getattr(transform, "on_sampled", None)  # as ReplayBuffer's sample
+        return transform(batch) if on_sampled is None else on_sampled(batch)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         update = getattr(self.sampler, "update_priority", None)
@@ -183,7 +187,8 @@ class BufferSource(BaseNode):
         Args:
             storage: the storage to read.
             batch_sampler: an rbdata ``BatchSampler`` whose sampler reads ``storage``.
-            transform: called on every batch (``None``: none).
+            transform: called on every batch (``None``: none); its ``on_sampled`` where it
+                has one, as :meth:`rbdata.ReplayBuffer.sample` does.
 
         Raises:
             TypeError: for a ``storage`` that is not an rbdata Storage, a ``batch_sampler``

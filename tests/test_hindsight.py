@@ -304,6 +304,47 @@ def test_state_dict_keeps_the_draws_taken_but_not_used() -> None:
     assert len(set(map(tuple, first))) > 60  # the draws do differ from batch to batch
 
 
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "ogbench"])
+def test_on_sampled_writes_in_place_what_the_call_returns(strategy: str) -> None:
+    """ReplayBuffer's ``on_sampled`` call: the same batch as calling the transform, written
+    into the gathered tensors; the call itself leaves tensors held elsewhere alone."""
+    rb, _ = filled(64, 150, seed=3)
+    make = lambda: HindsightRelabel(  # noqa: E731
+        rb.storage, strategy=strategy, reward_fn=fetch_reward,
+        generator=torch.Generator().manual_seed(5),
+    )  # fmt: skip
+    called, sampled = make(), make()
+    keys = [("observation", "desired_goal"), ("next", "observation", "desired_goal")]
+    keys.append(("next", "reward"))
+    for _ in range(5):
+        index = torch.randint(64, (40,))
+        gathered = rb.storage.gather(index, {"index": index})
+        fresh = gathered.clone()  # another gather of the same rows
+        held = {key: gathered[key] for key in keys}
+        before = {key: value.clone() for key, value in held.items()}
+        a = called(gathered)
+        for key in keys:  # replaced in the batch, the held tensors untouched
+            assert torch.equal(held[key], before[key]) and a[key] is not held[key]
+        objects = {key: fresh[key] for key in keys}
+        b = sampled.on_sampled(fresh)
+        assert set(a.keys(True, True)) == set(b.keys(True, True))
+        for key in a.keys(True, True):
+            assert torch.equal(a[key], b[key]), key
+        for key in keys:  # written into the gathered tensors
+            assert b[key] is objects[key]
+        assert (b["goal_index"] >= 0).sum() == int(0.8 * 40)
+    # through the buffer: sample() calls on_sampled; the storage is never written
+    stored = [buf.clone() for buf in rb.storage.buffers]
+    rb.transform = sampled
+    for _ in range(20):
+        batch = rb.sample(32)
+        relabeled = batch["goal_index"] >= 0
+        assert int(relabeled.sum()) == int(0.8 * 32)
+        goals = rb.storage.gather(batch["goal_index"][relabeled], None)[sampled.goal_key]
+        assert torch.equal(batch["observation", "desired_goal"][relabeled], goals)
+    assert all(torch.equal(a, b) for a, b in zip(stored, rb.storage.buffers, strict=True))
+
+
 def test_with_a_slice_sampler() -> None:
     capacity = 64
     store = TensorStorage(capacity)

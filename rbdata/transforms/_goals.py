@@ -228,14 +228,15 @@ def _nb_relabel(
         g = goal[i]
         for j in range(d):
             out[i, j] = column[g, j]
-    for r in range(n_relabel, n):
-        i = order[r]
-        for j in range(d):
-            out[i, j] = old[i, j]
+    if out_at != old_at:  # else in place: the kept rows are already there
+        for r in range(n_relabel, n):
+            i = order[r]
+            for j in range(d):
+                out[i, j] = old[i, j]
     if next_out_at != 0:
         next_old = numba.carray(voidptr(next_old_at), (n, d), like.dtype)
         next_out = numba.carray(voidptr(next_out_at), (n, d), like.dtype)
-        for r in range(n):
+        for r in range(n if next_out_at != next_old_at else n_relabel):
             i = order[r]
             for j in range(d):
                 next_out[i, j] = out[i, j] if r < n_relabel else next_old[i, j]

@@ -103,7 +103,7 @@ def goal_column(her: HindsightRelabel) -> ColumnPlan | None:
     return plan
 
 
-def relabel_batch(her: HindsightRelabel, batch: TensorDict) -> bool:
+def relabel_batch(her: HindsightRelabel, batch: TensorDict, in_place: bool = False) -> bool:
     """Relabel a plain CPU TensorDict batch entirely here (goals, rewards), or do nothing.
 
     The common case in one pass of checks: ``"index"`` a contiguous int64 CPU vector, the
@@ -114,6 +114,11 @@ def relabel_batch(her: HindsightRelabel, batch: TensorDict) -> bool:
     dtype (no gradient). Returns ``False``, having drawn nothing and changed nothing, where
     the entries are not all so (the general path then does the batch); ``True`` once done.
     A reward that is not so after the draw is blended by ``her.blend_reward``.
+
+    ``in_place``: the batch's desired goals, next desired goals and rewards are tensors a
+    tensor storage's gather has just made, held by nothing else (``on_sampled``): they are
+    written in place instead of replaced by new ones (unless one of them is also the
+    achieved goal ``reward_fn`` reads).
     """
     if batch.is_locked:
         return False
@@ -163,12 +168,16 @@ def relabel_batch(her: HindsightRelabel, batch: TensorDict) -> bool:
         return False
     her.sync()
     empty_like = torch.empty_like
-    desired = empty_like(old)
-    goal = empty_like(index)
-    if old_next is None:
-        new_next, next_old_ptr, next_ptr = None, 0, 0
+    if in_place and old is not achieved and old_next is not achieved:
+        desired, new_next = old, old_next
     else:
-        new_next = empty_like(old_next)
+        in_place = False
+        desired = empty_like(old)
+        new_next = None if old_next is None else empty_like(old_next)
+    goal = empty_like(index)
+    if old_next is None or new_next is None:
+        next_old_ptr = next_ptr = 0
+    else:
         next_old_ptr, next_ptr = old_next.data_ptr(), new_next.data_ptr()
     episodes = her.episodes
     relabel(
@@ -177,9 +186,10 @@ def relabel_batch(her: HindsightRelabel, batch: TensorDict) -> bool:
         goal.data_ptr(), plan.column.data_ptr(), old.data_ptr(), desired.data_ptr(),
         next_old_ptr, next_ptr,
     )  # fmt: skip
-    desired_at[her.desired_key[-1]] = desired
-    if next_at is not None and new_next is not None:
-        next_at[her.next_desired_key[-1]] = new_next
+    if not in_place:
+        desired_at[her.desired_key[-1]] = desired
+        if next_at is not None and new_next is not None:
+            next_at[her.next_desired_key[-1]] = new_next
     entries["goal_index"] = goal
     reward = her.reward_fn(achieved, desired, batch)
     if (
@@ -192,7 +202,7 @@ def relabel_batch(her: HindsightRelabel, batch: TensorDict) -> bool:
         and reward.is_contiguous()
         and not reward.requires_grad
     ):
-        out = empty_like(old_reward)
+        out = old_reward if in_place else empty_like(old_reward)
         blend(
             n, 1, like(old_reward.dtype), goal.data_ptr(), reward.data_ptr(),
             old_reward.data_ptr(), out.data_ptr(),
