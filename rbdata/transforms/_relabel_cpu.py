@@ -51,6 +51,7 @@ class ColumnPlan(NamedTuple):
     layout: Any  # the storage's layout object the column was found in
     position: int  # the column's place in ``storage.buffers``
     column: torch.Tensor  # the tensor checked (contiguous, CPU, ``capacity`` rows)
+    capacity: int  # the storage's (fixed), which the column's rows were checked against
     width: int  # values per goal
     like: np.ndarray  # an empty array of the column's dtype, for the kernel
 
@@ -80,7 +81,7 @@ def column_plan(storage: Any, key: Key, capacity: int) -> ColumnPlan | None:
     ):
         return None
     width = math.prod(column.shape[1:])
-    return ColumnPlan(layout, position, column, width, like(column.dtype))
+    return ColumnPlan(layout, position, column, capacity, width, like(column.dtype))
 
 
 def goal_column(her: HindsightRelabel) -> ColumnPlan | None:
@@ -181,7 +182,7 @@ def relabel_batch(her: HindsightRelabel, batch: TensorDict, in_place: bool = Fal
         next_old_ptr, next_ptr = old_next.data_ptr(), new_next.data_ptr()
     episodes = her.episodes
     relabel(
-        her.seed(), n, plan.width, episodes.time, episodes.base, episodes.capacity, her.code,
+        her.seed(), n, plan.width, episodes.time, episodes.base, plan.capacity, her.code,
         n_relabel, her.floats, episodes.ends, u, order, plan.like, index.data_ptr(),
         goal.data_ptr(), plan.column.data_ptr(), old.data_ptr(), desired.data_ptr(),
         next_old_ptr, next_ptr,
@@ -261,7 +262,7 @@ def relabel_on_cpu(
     goal = torch.empty_like(index)
     episodes = her.episodes
     relabel(
-        her.seed(), n, plan.width, episodes.time, episodes.base, episodes.capacity, her.code,
+        her.seed(), n, plan.width, episodes.time, episodes.base, plan.capacity, her.code,
         n_relabel, her.floats, episodes.ends, u, order, plan.like,
         index.data_ptr(), goal.data_ptr(), column.data_ptr(), old.data_ptr(), desired.data_ptr(),
         next_old_at, next_at,
