@@ -155,7 +155,7 @@ def _nb_draw(
                     # k >= 1 with P(k > m) = discount ** m: 1 + floor(log(1 - w) / log(discount))
                     g = e
                     if log_discount < 0.0:
-                        steps = math.log1p(-w) / log_discount
+                        steps = math.log(1.0 - w) / log_discount
                         if steps < e - t - 1:
                             g = t + 1 + int(steps)
                     if g > e:
@@ -388,7 +388,7 @@ def goal_slots_reference(
         elif v < goal_probs[0] + goal_probs[1]:
             w = float(u[i, 2])
             if geom:
-                k = 1 + (int(math.log1p(-w) / math.log(discount)) if discount > 0 else 0)
+                k = 1 + (int(math.log(1.0 - w) / math.log(discount)) if discount > 0 else 0)
                 g = min(t + k, e) if k < e - t + 1 else e
             else:
                 a = min(t + 1, e)
