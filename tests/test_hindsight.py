@@ -10,7 +10,14 @@ import numpy as np
 import pytest
 import torch
 
-from rbdata import HindsightRelabel, ListStorage, ReplayBuffer, SliceSampler, TensorStorage
+from rbdata import (
+    HindsightRelabel,
+    ListStorage,
+    ReplayBuffer,
+    SliceSampler,
+    TensorStorage,
+    UniformSampler,
+)
 from rbdata.transforms._goals import uniforms, uniforms_reference
 from tests._ring import Ring
 
@@ -343,6 +350,40 @@ def test_on_sampled_writes_in_place_what_the_call_returns(strategy: str) -> None
         goals = rb.storage.gather(batch["goal_index"][relabeled], None)[sampled.goal_key]
         assert torch.equal(batch["observation", "desired_goal"][relabeled], goals)
     assert all(torch.equal(a, b) for a, b in zip(stored, rb.storage.buffers, strict=True))
+
+
+@pytest.mark.parametrize("strategy", [*STRATEGIES, "ogbench"])
+def test_random_writes_and_samples_fast_and_general_paths_agree(strategy: str) -> None:
+    """Random interleavings of writes (ring wrap-arounds, episodes cut by the ring, running
+    episodes) and samples: a ReplayBuffer on a TensorStorage (``on_sampled``, the fused
+    in-place kernel) and one on a ListStorage (the general path) give the same batches."""
+    capacity = 48
+    rng = random.Random(11)
+    buffers, models = [], []
+    for storage in (TensorStorage(capacity), ListStorage(capacity)):
+        her = HindsightRelabel(
+            storage, strategy=strategy, reward_fn=fetch_reward,
+            generator=torch.Generator().manual_seed(3),
+        )  # fmt: skip
+        sampler = UniformSampler(generator=torch.Generator().manual_seed(4))
+        buffers.append(ReplayBuffer(storage, sampler, transform=her))
+        models.append(Ring(capacity))
+    for _ in range(60):
+        if rng.random() < 0.4 or len(buffers[0]) == 0:
+            done = [rng.random() < 0.2 for _ in range(rng.randint(1, 30))]
+            for rb, model in zip(buffers, models, strict=True):
+                rb.extend(steps(model, done))
+        else:
+            size = rng.randint(1, 40)
+            a, b = (rb.sample(size) for rb in buffers)
+            assert set(a.keys(True, True)) == set(b.keys(True, True))
+            for key in a.keys(True, True):
+                assert torch.equal(a[key], b[key]), key
+    # the in-place writes went to the batches only: both storages still hold the same steps
+    every = torch.arange(len(buffers[0]))
+    held = [rb.storage.gather(every, None) for rb in buffers]
+    for key in held[0].keys(True, True):
+        assert torch.equal(held[0][key], held[1][key]), key
 
 
 def test_with_a_slice_sampler() -> None:
