@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+import pickle
 import random
+import threading
 from collections import Counter
 
 import numpy as np
@@ -384,6 +386,38 @@ def test_random_writes_and_samples_fast_and_general_paths_agree(strategy: str) -
     held = [rb.storage.gather(every, None) for rb in buffers]
     for key in held[0].keys(True, True):
         assert torch.equal(held[0][key], held[1][key]), key
+
+
+def test_one_transform_called_from_several_threads() -> None:
+    """Threads share the kernel scratch and the episode index (a ``ParallelMapper`` of one
+    transform): every goal stays an allowed one (without the draw lock, most runs had
+    thousands that were not), and the transform pickles (its lock made anew)."""
+    capacity = 400
+    rb, model = filled(capacity, 900, seed=5)
+    her = HindsightRelabel(rb.storage, strategy="future", reward_fn=fetch_reward)
+    bounds = torch.tensor([model.times(slot) for slot in range(capacity)])  # (t, s, e)
+    slot_time = torch.tensor([model.slot_time[slot] for slot in range(capacity)])
+    wrong = []
+
+    def work(seed: int) -> None:
+        gen = torch.Generator().manual_seed(seed)
+        for _ in range(60):
+            index = torch.randint(capacity, (4096,), generator=gen)  # one size: one scratch
+            goal = her(rb.storage.gather(index, {"index": index}))["goal_index"]
+            relabeled = goal >= 0
+            t, e, g = bounds[index, 0], bounds[index, 2], slot_time[goal.clamp(min=0)]
+            ok = ~relabeled | ((g >= t) & (g <= e))
+            wrong.append(int((~ok).sum()) + abs(int(relabeled.sum()) - int(0.8 * 4096)))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(wrong) == 240 and sum(wrong) == 0
+    copy = pickle.loads(pickle.dumps(her))
+    index = torch.arange(capacity)
+    assert int((copy(rb.storage.gather(index, {"index": index}))["goal_index"] >= 0).sum()) == 320
 
 
 def test_with_a_slice_sampler() -> None:

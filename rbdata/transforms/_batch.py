@@ -12,7 +12,7 @@ from tensordict import TensorDict, TensorDictBase
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
 
-__all__ = ["check_probs", "entry_of", "get_entry", "leaf_names", "put_entry"]
+__all__ = ["check_probs", "check_ratio", "entry_of", "get_entry", "leaf_names", "put_entry"]
 
 
 def get_entry(batch: TensorDictBase, key: Key) -> Any:
@@ -74,3 +74,12 @@ def check_probs(goal_probs: Sequence[float]) -> tuple[float, float, float]:
     if not math.isclose(sum(probs), 1.0, abs_tol=1e-6):
         raise ValueError(f"goal_probs must sum to 1, got {goal_probs!r} (sum {sum(probs)})")
     return probs[0], probs[1], probs[2]
+
+
+def check_ratio(value: Any) -> float:
+    """``her_ratio``, checked to be a number in ``[0, 1]`` (``nan`` refused)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise TypeError(f"her_ratio must be a number in [0, 1], got {value!r}")
+    if not 0.0 <= value <= 1.0:
+        raise ValueError(f"her_ratio must be in [0, 1], got {value!r}")
+    return float(value)

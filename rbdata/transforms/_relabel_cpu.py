@@ -167,26 +167,27 @@ def relabel_batch(her: HindsightRelabel, batch: TensorDict, in_place: bool = Fal
         or not old_next.is_contiguous()
     ):
         return False
-    her.sync()
-    empty_like = torch.empty_like
-    if in_place and old is not achieved and old_next is not achieved:
-        desired, new_next = old, old_next
-    else:
-        in_place = False
-        desired = empty_like(old)
-        new_next = None if old_next is None else empty_like(old_next)
-    goal = empty_like(index)
-    if old_next is None or new_next is None:
-        next_old_ptr = next_ptr = 0
-    else:
-        next_old_ptr, next_ptr = old_next.data_ptr(), new_next.data_ptr()
-    episodes = her.episodes
-    relabel(
-        her.seed(), n, plan.width, episodes.time, episodes.base, plan.capacity, her.code,
-        n_relabel, her.floats, episodes.ends, u, order, plan.like, index.data_ptr(),
-        goal.data_ptr(), plan.column.data_ptr(), old.data_ptr(), desired.data_ptr(),
-        next_old_ptr, next_ptr,
-    )  # fmt: skip
+    with her.draw_lock:  # the episode index and the kernel scratch: one at a time
+        her.sync()
+        empty_like = torch.empty_like
+        if in_place and old is not achieved and old_next is not achieved:
+            desired, new_next = old, old_next
+        else:
+            in_place = False
+            desired = empty_like(old)
+            new_next = None if old_next is None else empty_like(old_next)
+        goal = empty_like(index)
+        if old_next is None or new_next is None:
+            next_old_ptr = next_ptr = 0
+        else:
+            next_old_ptr, next_ptr = old_next.data_ptr(), new_next.data_ptr()
+        episodes = her.episodes
+        relabel(
+            her.seed(), n, plan.width, episodes.time, episodes.base, plan.capacity, her.code,
+            n_relabel, her.floats, episodes.ends, u, order, plan.like, index.data_ptr(),
+            goal.data_ptr(), plan.column.data_ptr(), old.data_ptr(), desired.data_ptr(),
+            next_old_ptr, next_ptr,
+        )  # fmt: skip
     if not in_place:
         desired_at[her.desired_key[-1]] = desired
         if next_at is not None and new_next is not None:
@@ -238,35 +239,36 @@ def relabel_on_cpu(
         type(old) is not torch.Tensor or old.dtype != dtype or not old.is_cpu or old.shape != shape
     ):
         return None
-    her.sync()
-    if index.dtype != torch.int64 or not index.is_contiguous():
-        index = index.to(torch.int64).contiguous()
-    if old is None:
-        old = desired = torch.empty(shape, dtype=dtype)
-    else:
-        if not old.is_contiguous():
-            old = old.contiguous()
-        desired = torch.empty_like(old)  # empty_like: ~0.7 us less than empty(shape)
-    next_old_at = next_at = 0
-    new_next: torch.Tensor | None = None
-    if (
-        type(old_next) is torch.Tensor
-        and old_next.dtype == dtype
-        and old_next.is_cpu
-        and old_next.shape == shape
-    ):
-        if not old_next.is_contiguous():
-            old_next = old_next.contiguous()
-        new_next = torch.empty_like(old_next)
-        next_old_at, next_at = old_next.data_ptr(), new_next.data_ptr()
-    goal = torch.empty_like(index)
-    episodes = her.episodes
-    relabel(
-        her.seed(), n, plan.width, episodes.time, episodes.base, plan.capacity, her.code,
-        n_relabel, her.floats, episodes.ends, u, order, plan.like,
-        index.data_ptr(), goal.data_ptr(), column.data_ptr(), old.data_ptr(), desired.data_ptr(),
-        next_old_at, next_at,
-    )  # fmt: skip
+    with her.draw_lock:  # the episode index and the kernel scratch: one at a time
+        her.sync()
+        if index.dtype != torch.int64 or not index.is_contiguous():
+            index = index.to(torch.int64).contiguous()
+        if old is None:
+            old = desired = torch.empty(shape, dtype=dtype)
+        else:
+            if not old.is_contiguous():
+                old = old.contiguous()
+            desired = torch.empty_like(old)  # empty_like: ~0.7 us less than empty(shape)
+        next_old_at = next_at = 0
+        new_next: torch.Tensor | None = None
+        if (
+            type(old_next) is torch.Tensor
+            and old_next.dtype == dtype
+            and old_next.is_cpu
+            and old_next.shape == shape
+        ):
+            if not old_next.is_contiguous():
+                old_next = old_next.contiguous()
+            new_next = torch.empty_like(old_next)
+            next_old_at, next_at = old_next.data_ptr(), new_next.data_ptr()
+        goal = torch.empty_like(index)
+        episodes = her.episodes
+        relabel(
+            her.seed(), n, plan.width, episodes.time, episodes.base, plan.capacity, her.code,
+            n_relabel, her.floats, episodes.ends, u, order, plan.like,
+            index.data_ptr(), goal.data_ptr(), column.data_ptr(), old.data_ptr(),
+            desired.data_ptr(), next_old_at, next_at,
+        )  # fmt: skip
     return desired, new_next, goal
 
 

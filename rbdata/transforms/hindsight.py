@@ -9,6 +9,7 @@ reward function once on the whole batch. The storage is never written.
 from __future__ import annotations
 
 import math
+import threading
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -18,7 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from rbdata._layout import Key
 from rbdata._layout_keys import key_name
-from rbdata.transforms._batch import check_probs, get_entry, leaf_names, put_entry
+from rbdata.transforms._batch import check_probs, check_ratio, get_entry, leaf_names, put_entry
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
 from rbdata.transforms._relabel_cpu import ColumnPlan, relabel_batch, relabel_on_cpu, set_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
@@ -162,6 +163,9 @@ class HindsightRelabel:
         self._scratch: tuple[Any, ...] | None = None
         #: the CPU path's facts of the storage's goal column (``_relabel_cpu.column_plan``)
         self.column_plan: ColumnPlan | None = None
+        #: held while the episode index and the kernel scratch are in use: one transform may
+        #: be called from several threads (a ``torchdata.nodes.ParallelMapper``)
+        self.draw_lock = threading.Lock()
         self._seed = torch.empty(64, dtype=torch.int64)
         self._seeds: list[int] = []  # drawn, not used yet (in reverse order)
         if generator is None:
@@ -182,11 +186,7 @@ class HindsightRelabel:
 
     @her_ratio.setter
     def her_ratio(self, value: float) -> None:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise TypeError(f"her_ratio must be a number in [0, 1], got {value!r}")
-        if not 0.0 <= value <= 1.0:  # nan included
-            raise ValueError(f"her_ratio must be in [0, 1], got {value!r}")
-        self._her_ratio = float(value)
+        self._her_ratio = check_ratio(value)
 
     # --- the draw -----------------------------------------------------------------------------
     def seed(self) -> int:
@@ -229,24 +229,33 @@ class HindsightRelabel:
 
     def _draw(self, index: torch.Tensor) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """``(goal, read, mask)`` of :func:`~rbdata.transforms._goals.goal_draw` for ``index``."""
-        self.sync()
-        episodes = self.episodes
         n = int(index.shape[0])
-        u = uniforms(self.seed(), n)
         slots = index.numpy() if index.device.type == "cpu" else index.cpu().numpy()
-        return goal_draw(
-            slots.astype(np.int64, copy=False),
-            u,
-            episodes.ends,
-            episodes.time,
-            episodes.base,
-            episodes.capacity,
-            self.code,
-            int(self.her_ratio * n),
-            self.goal_probs,
-            self.geom_sample,
-            self._log_discount,
-        )
+        with self.draw_lock:
+            self.sync()
+            episodes = self.episodes
+            return goal_draw(
+                slots.astype(np.int64, copy=False),
+                uniforms(self.seed(), n),
+                episodes.ends,
+                episodes.time,
+                episodes.base,
+                episodes.capacity,
+                self.code,
+                int(self.her_ratio * n),
+                self.goal_probs,
+                self.geom_sample,
+                self._log_discount,
+            )
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        state["draw_lock"] = None  # a lock does not pickle: a new one on arrival
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self.draw_lock = threading.Lock()
 
     def goal_slots(self, index: torch.Tensor) -> torch.Tensor:
         """The goal slot of each sampled slot in ``index`` (``-1``: not relabeled).
