@@ -163,8 +163,8 @@ class HindsightRelabel:
         self._scratch: tuple[Any, ...] | None = None
         #: the CPU path's facts of the storage's goal column (``_relabel_cpu.column_plan``)
         self.column_plan: ColumnPlan | None = None
-        #: held while the episode index and the kernel scratch are in use: one transform may
-        #: be called from several threads (a ``torchdata.nodes.ParallelMapper``)
+        #: held while the episode index and the kernel scratch are in use (one transform may
+        #: be called from several threads, as by a ``torchdata.nodes.ParallelMapper``)
         self.draw_lock = threading.Lock()
         self._seed = torch.empty(64, dtype=torch.int64)
         self._seeds: list[int] = []  # drawn, not used yet (in reverse order)
