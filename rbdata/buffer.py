@@ -19,7 +19,17 @@ from rbdata.storages.base import Storage
 from rbdata.writers.base import Writer
 from rbdata.writers.round_robin import RoundRobinWriter
 
-__all__ = ["ReplayBuffer"]
+__all__ = ["ReplayBuffer", "apply_transform"]
+
+
+def apply_transform(transform: Callable[[Any], Any], batch: Any) -> Any:
+    """``transform``'s ``on_sampled(batch)`` where it has one, else ``transform(batch)``.
+
+    For a batch a storage's ``gather`` has just made (see :class:`ReplayBuffer`'s
+    ``transform``).
+    """
+    on_sampled = getattr(transform, "on_sampled", None)
+    return transform(batch) if on_sampled is None else on_sampled(batch)
 
 
 class ReplayBuffer:
@@ -221,10 +231,7 @@ class ReplayBuffer:
             extra.update(extras)
         batch = self.storage.gather(idx, extra)
         transform = self.transform
-        if transform is None:
-            return batch
-        on_sampled = getattr(transform, "on_sampled", None)
-        return transform(batch) if on_sampled is None else on_sampled(batch)
+        return batch if transform is None else apply_transform(transform, batch)
 
     def sample(self, batch_size: int | None = None, return_info: bool = False) -> Any:
         """Draw one batch (default size: the buffer's ``batch_size``).

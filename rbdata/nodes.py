@@ -47,7 +47,7 @@ from torchdata.nodes import BaseNode
 
 from rbdata._index import IndexBatch
 from rbdata._shown import shown
-from rbdata.buffer import ReplayBuffer
+from rbdata.buffer import ReplayBuffer, apply_transform
 from rbdata.mixed import MixedBuffer
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
 from rbdata.storages.base import Storage
@@ -81,10 +81,7 @@ class _StorageReader:
         idx, extras = self.sampler.draw(batch_size)
         batch = self.storage.__getitems__(IndexBatch(idx, extras))
         transform = self.transform
-        if transform is None:
-            return batch
-        on_sampled = getattr(transform, "on_sampled", None)  # as ReplayBuffer's sample
-        return transform(batch) if on_sampled is None else on_sampled(batch)
+        return batch if transform is None else apply_transform(transform, batch)
 
     def update_priority(self, index: Any, priority: Any) -> None:
         update = getattr(self.sampler, "update_priority", None)
