@@ -1,7 +1,10 @@
 """Child-process script for test_memory_moves: move a storage's memory, then write and read.
 
 ``python tests/_moves.py KIND MOVE TMPDIR`` builds a storage of ``KIND`` (``tensor``,
-``memmap``, ``private``: a copy-on-write MemmapStorage as ``ReplayBuffer.loads`` gives), fills
+``memmap``, ``private``: a copy-on-write MemmapStorage as ``ReplayBuffer.loads`` gives;
+``huge``: a TensorStorage whose arena is a :func:`~rbdata.storages._memory.huge_block`, here
+with 4 KiB "huge pages" so that a small storage takes that path: a slice at an offset into
+a larger allocation, advised before it is touched), fills
 it, makes torch move its memory with ``MOVE``, then runs every write path (per-step ``add`` of a
 dict and of a TensorDict, small and large ``extend``, ``set`` at scattered slots) and checks
 every slot against a plain list of the values written. Prints ``OK`` and exits 0; a mismatch
@@ -19,7 +22,7 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import MemmapStorage, ReplayBuffer, TensorStorage
-from rbdata.storages import Storage
+from rbdata.storages import Storage, _memory
 
 CAP = 64
 
@@ -49,7 +52,9 @@ def batch(ks: list[int]) -> TensorDict:
 
 def make(kind: str, tmp: Path) -> tuple[ReplayBuffer, list[int | None]]:
     model: list[int | None] = [None] * CAP
-    if kind == "tensor":
+    if kind in ("tensor", "huge"):
+        if kind == "huge":
+            _memory.HUGE_PAGE = 4096
         rb = ReplayBuffer(TensorStorage(CAP))
     else:
         rb = ReplayBuffer(MemmapStorage(CAP, path=tmp / "mm"))

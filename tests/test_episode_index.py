@@ -11,7 +11,8 @@ import torch
 
 from rbdata import ArrowStorage, ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
 from rbdata.transforms import EpisodeIndex
-from rbdata.transforms._goals import STRATEGIES, goal_slots, goal_slots_reference
+from rbdata.transforms._goals import STRATEGIES, goal_slots
+from rbdata.transforms._goals_reference import goal_slots_reference
 from tests._ring import Ring
 
 

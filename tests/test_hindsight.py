@@ -20,7 +20,8 @@ from rbdata import (
     TensorStorage,
     UniformSampler,
 )
-from rbdata.transforms._goals import uniforms, uniforms_reference
+from rbdata.transforms._goals import uniforms
+from rbdata.transforms._goals_reference import uniforms_reference
 from tests._ring import Ring
 
 STRATEGIES = ["future", "final", "episode"]

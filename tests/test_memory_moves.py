@@ -24,7 +24,7 @@ from _child import ROOT, run_child
 from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
 from rbdata.storages import _memory
 
-KINDS = ["tensor", "memmap", "private"]
+KINDS = ["tensor", "huge", "memmap", "private"]
 
 
 def _run(kind: str, how: str, tmp_path: Path) -> None:
@@ -46,7 +46,7 @@ def test_writes_after_a_move(kind: str, tmp_path: Path) -> None:
     _run(kind, "all", tmp_path)
 
 
-@pytest.mark.parametrize("kind", ["tensor", "private"])
+@pytest.mark.parametrize("kind", ["tensor", "huge", "private"])
 def test_spawned_worker_sees_writes_made_after_the_first_epoch(kind: str, tmp_path: Path) -> None:
     _run(kind, "loader", tmp_path)
 
@@ -177,3 +177,44 @@ def test_sb3_compat_buffer_writes_after_a_move() -> None:
     assert done.returncode == 0 and done.stdout.strip() == "OK", (
         f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     )
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The ``VmFlags`` of the mapping holding ``address`` (``/proc/self/smaps``)."""
+    text = Path("/proc/self/smaps").read_text()
+    start = end = -1
+    for line in text.splitlines():
+        head = line.split(maxsplit=1)[0]
+        if "-" in head and not head.endswith(":"):
+            start, end = (int(x, 16) for x in head.split("-"))
+        elif head == "VmFlags:" and start <= address < end:
+            return line.split()[1:]
+    raise AssertionError(f"no mapping holds {address:#x}")
+
+
+def test_a_large_arena_is_advised_onto_huge_pages() -> None:
+    """A storage of more than 2 MiB sits on one huge-page-aligned block, advised ``hg``."""
+    storage = TensorStorage(200_000)  # 200k x (12 + 4 + 8) bytes: one ~4.8 MB arena
+    ks = torch.arange(200_000)
+    storage.set(
+        slice(0, 200_000),
+        {"goal": ks[:, None].float().expand(-1, 3), "reward": -ks.float(), "action": ks},
+    )
+    bufs = storage.buffers
+    assert bufs[0].data_ptr() % _memory.HUGE_PAGE == 0
+    assert len(_memory.guard(bufs)) == 1  # still one block
+    assert torch.equal(bufs[0][:, 1], ks.float()) and torch.equal(bufs[2], ks)
+    assert torch.equal(storage[123_456]["reward"], torch.tensor(-123_456.0))
+    small = _memory.arena(10, storage.layout.leaves)
+    assert all(not b.any() for b in small)  # small arenas: plain zeros
+    enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+    if (
+        not sys.platform.startswith("linux")
+        or not enabled.exists()
+        or "[never]" in enabled.read_text()
+    ):
+        pytest.skip("no transparent huge pages here: the advice is not recorded")
+    assert "hg" in _vm_flags(bufs[0].data_ptr())  # MADV_HUGEPAGE on the block's pages
+    block = _memory.huge_block((5 << 20) + 123)
+    assert block.numel() == (5 << 20) + 123 and not block.any()
+    assert "hg" in _vm_flags(block.data_ptr() + (3 << 20))  # its whole huge pages: 4 MiB

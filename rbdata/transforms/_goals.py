@@ -27,17 +27,18 @@ from typing import Any
 import numba
 import numpy as np
 
-from rbdata._numba import voidptr
+from rbdata._numba import prefetch, voidptr
 
 __all__ = [
+    "GAMMA",
+    "MIX1",
+    "MIX2",
     "STRATEGIES",
     "blend",
     "goal_draw",
     "goal_slots",
-    "goal_slots_reference",
     "relabel",
     "uniforms",
-    "uniforms_reference",
 ]
 
 #: the strategies and their codes in the kernel
@@ -67,15 +68,15 @@ def _lower_bounds(a: Any, x: Any, k: Any, m: int) -> None:  # pragma: no cover
         k[r] += a[k[r]] < x[r]
 
 
-_GAMMA, _MIX1, _MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
+GAMMA, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
 @numba.njit(cache=True, nogil=True, inline="always")
 def _splitmix(seed: int, k: int) -> float:  # pragma: no cover
     """SplitMix64's output number ``k`` (from 0) of ``seed``, as a double in ``[0, 1)``."""
-    z = np.uint64(seed) + np.uint64(k + 1) * np.uint64(_GAMMA)
-    z = (z ^ (z >> np.uint64(30))) * np.uint64(_MIX1)
-    z = (z ^ (z >> np.uint64(27))) * np.uint64(_MIX2)
+    z = np.uint64(seed) + np.uint64(k + 1) * np.uint64(GAMMA)
+    z = (z ^ (z >> np.uint64(30))) * np.uint64(MIX1)
+    z = (z ^ (z >> np.uint64(27))) * np.uint64(MIX2)
     z = z ^ (z >> np.uint64(31))
     return np.float64(z >> np.uint64(11)) * (1.0 / 9007199254740992.0)
 
@@ -102,8 +103,14 @@ def _nb_draw(
     order: Any,
     goal: Any,
     seed: int,
+    column_at: int,
+    row_bytes: int,
 ) -> None:  # pragma: no cover
     """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order``: ``3 n`` of scratch.
+
+    ``column_at`` (``0``: none): the address of the goal column (rows of ``row_bytes``),
+    whose row ``goal[i]`` is prefetched as soon as it is drawn: the rows, random reads all
+    over the storage, are then on their way while the next goals are drawn.
 
     ``log_discount`` is ``nan`` for OGBench's uniform later steps (``geom_sample=False``).
     ``seed < 0``: the uniforms are ``u``; ``seed >= 0``: :func:`uniforms` of ``seed``,
@@ -170,6 +177,8 @@ def _nb_draw(
         if x < 0 or x >= capacity:
             x = (base + g) % capacity
         goal[i] = x
+        if column_at != 0:
+            prefetch(column_at + x * row_bytes)
 
 
 @numba.njit(cache=True, nogil=True)
@@ -216,7 +225,7 @@ def _nb_relabel(
     goal = numba.carray(voidptr(goal_at), (n,), np.int64)
     _nb_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, floats[0], floats[1], floats[2],
-        order, goal, seed,
+        order, goal, seed, column_at, d * like.itemsize,
     )  # fmt: skip
     column = numba.carray(voidptr(column_at), (capacity, d), like.dtype)
     old = numba.carray(voidptr(old_at), (n, d), like.dtype)
@@ -273,24 +282,6 @@ def uniforms(seed: int, n: int) -> np.ndarray:
     return u
 
 
-def uniforms_reference(seed: int, n: int) -> np.ndarray:
-    """:func:`uniforms` in plain Python: SplitMix64's outputs ``1, 2, ...`` from ``seed``.
-
-    Examples:
-        >>> uniforms_reference(0, 1).round(6).tolist()  # SplitMix64(0): 0xe220a8397b1dcdaf...
-        [[0.883311, 0.431528, 0.026434, 0.970882]]
-    """
-    mask = (1 << 64) - 1
-    out = np.empty((n, 4), np.float64)
-    for k in range(4 * n):
-        z = (seed + (k + 1) * _GAMMA) & mask
-        z = ((z ^ (z >> 30)) * _MIX1) & mask
-        z = ((z ^ (z >> 27)) * _MIX2) & mask
-        z ^= z >> 31
-        out[k // 4, k % 4] = (z >> 11) / 9007199254740992.0
-    return out
-
-
 def goal_draw(
     slots: np.ndarray,
     u: np.ndarray,
@@ -312,7 +303,7 @@ def goal_draw(
     out = np.empty(slots.shape[0], np.int64)
     _nb_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
-        log_discount if geom else math.nan, np.empty(3 * out.shape[0], np.int64), out, -1,
+        log_discount if geom else math.nan, np.empty(3 * out.shape[0], np.int64), out, -1, 0, 0,
     )  # fmt: skip
     mask = out >= 0
     return out, np.where(mask, out, slots), mask
@@ -337,64 +328,3 @@ def goal_slots(
     return goal_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, goal_probs, geom, log_discount
     )[0]
-
-
-def goal_slots_reference(
-    slots: np.ndarray,
-    u: np.ndarray,
-    ends: np.ndarray,
-    time: int,
-    base: int,
-    capacity: int,
-    strategy: str,
-    n_relabel: int,
-    goal_probs: tuple[float, float, float] = (0.0, 1.0, 0.0),
-    geom: bool = False,
-    discount: float = 0.99,
-) -> np.ndarray:
-    """:func:`goal_slots` item by item in plain Python (the slow reference).
-
-    Examples:
-        >>> u = np.full((2, 4), 0.5)
-        >>> slots, ends = np.array([0, 3]), np.array([2, 5])  # episodes [0, 2] and [3, 5]
-        >>> goal_slots_reference(slots, u, ends, 6, 0, 10, "future", 2).tolist()
-        [1, 4]
-        >>> goal_slots_reference(slots, u, ends, 6, 0, 10, "final", 2).tolist()
-        [2, 5]
-    """
-    n = len(slots)
-    order = list(range(n))
-    for i in range(n_relabel):
-        j = i + min(int(u[i, 0] * (n - i)), n - i - 1)
-        order[i], order[j] = order[j], order[i]
-    out = [-1] * n
-    oldest = max(0, time - capacity)
-    ends_list = [int(x) for x in ends]
-    for i in order[:n_relabel]:
-        t = oldest + (int(slots[i]) - base - oldest) % capacity
-        later = [x for x in ends_list if x >= t]
-        earlier = [x for x in ends_list if x < t]
-        e = later[0] if later else time - 1
-        s = max(earlier[-1] + 1 if earlier else oldest, oldest)
-        v = float(u[i, 1])
-        if strategy == "future":
-            g = t + min(int(v * (e - t + 1)), e - t)
-        elif strategy == "final":
-            g = e
-        elif strategy == "episode":
-            g = s + min(int(v * (e - s + 1)), e - s)
-        elif v < goal_probs[0]:
-            g = t
-        elif v < goal_probs[0] + goal_probs[1]:
-            w = float(u[i, 2])
-            if geom:
-                k = 1 + (int(math.log(1.0 - w) / math.log(discount)) if discount > 0 else 0)
-                g = min(t + k, e) if k < e - t + 1 else e
-            else:
-                a = min(t + 1, e)
-                g = round(a * w + e * (1.0 - w))
-        else:
-            held = time - oldest
-            g = oldest + min(int(float(u[i, 3]) * held), held - 1)
-        out[i] = (base + g) % capacity
-    return np.asarray(out, np.int64)
