@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from rbdata import ArrowStorage, ListStorage, MemmapStorage, ReplayBuffer, TensorStorage
-from rbdata.transforms import EpisodeIndex
+from rbdata.transforms import EpisodeIndex, _goals
 from rbdata.transforms._goals import STRATEGIES, goal_slots
 from rbdata.transforms._goals_reference import goal_slots_reference
 from tests._ring import Ring
@@ -134,6 +134,45 @@ def test_numba_kernel_equals_the_python_reference(strategy: str, geom: bool) -> 
         slots = rng.integers(0, min(capacity, time), 64)
         u = rng.random((64, 4))
         args = (slots, u, ends, time, base, capacity, strategy, 40, (0.2, 0.5, 0.3), geom, 0.9)
+        assert goal_slots(*args).tolist() == goal_slots_reference(*args).tolist()
+
+
+def test_episode_search_equals_searchsorted() -> None:
+    """The guessed search (exact for one episode length) against numpy, on every shape of ends.
+
+    Equal lengths (the guess is the answer), lengths that vary a little or wildly (the guess
+    misses, the halvings take over), no ends, one end, times before, between and after them.
+    """
+    rng = np.random.default_rng(1)
+    for trial in range(3000):
+        count = int(rng.integers(0, 40))
+        lengths = [
+            np.full(count, int(rng.integers(1, 20))),
+            rng.integers(1, 30, count),
+            rng.choice([1, 2, 500], count),
+        ][trial % 3]
+        start = int(rng.integers(-5, 10**12))
+        ends = (start + np.cumsum(lengths) - 1).astype(np.int64)
+        times = rng.integers(start - 40, (ends[-1] if count else start) + 30, int(rng.integers(60)))
+        found = np.full(times.shape[0], -7, np.int64)
+        _goals._episodes_of(
+            ends, times, found, times.shape[0], np.empty(3 * times.shape[0], np.int64)
+        )
+        assert found.tolist() == np.searchsorted(ends, times).tolist(), (ends, times)
+
+
+@pytest.mark.parametrize("strategy", sorted(STRATEGIES))
+def test_kernel_equals_the_reference_on_equal_episodes_around_the_ring(strategy: str) -> None:
+    """Episodes of one length (every search resolved by the guess), the ring wrapped."""
+    rng = np.random.default_rng(2)
+    for capacity, time, length in [(60, 60, 10), (60, 257, 10), (64, 1000, 7), (50, 49, 50)]:
+        oldest = max(0, time - capacity)
+        ends = np.arange(length - 1, time, length, dtype=np.int64)
+        ends = ends[ends >= oldest]
+        base = int(rng.integers(capacity))
+        slots = rng.integers(0, min(capacity, time), 64)
+        u = rng.random((64, 4))
+        args = (slots, u, ends, time, base, capacity, strategy, 51, (0.2, 0.5, 0.3), True, 0.9)
         assert goal_slots(*args).tolist() == goal_slots_reference(*args).tolist()
 
 

@@ -68,6 +68,42 @@ def _lower_bounds(a: Any, x: Any, k: Any, m: int) -> None:  # pragma: no cover
         k[r] += a[k[r]] < x[r]
 
 
+@numba.njit(cache=True, nogil=True)
+def _episodes_of(a: Any, x: Any, k: Any, m: int, scratch: Any) -> None:  # pragma: no cover
+    """``k[:m] = np.searchsorted(a, x[:m])`` for sorted ``a``: a guess, else :func:`_lower_bounds`.
+
+    Each search starts where ``x`` falls between ``a[0]`` and ``a[-1]`` in proportion (with
+    episodes of one length, the usual horizon of goal-conditioned tasks, that guess is the
+    answer), steps once either way, and keeps the result only where it checks
+    (``a[k - 1] < x <= a[k]``). The rest are searched by halvings over ``a``, all together.
+    ``scratch``: ``3 m`` int64.
+    """
+    n = a.shape[0]
+    if n == 0:
+        for r in range(m):
+            k[r] = 0
+        return
+    first, last = a[0], a[n - 1]
+    scale = (n - 1) / (last - first) if last > first else 0.0
+    rows, xs, ks = scratch[:m], scratch[m : 2 * m], scratch[2 * m : 3 * m]
+    misses = 0
+    for r in range(m):
+        t = x[r]
+        f = (t - first) * scale
+        g = 0 if not f > 0.0 else (n if f >= n else math.ceil(f))
+        g += g < n and a[g] < t
+        g -= g > 0 and a[g - 1] >= t
+        k[r] = g
+        if (g < n and a[g] < t) or (g > 0 and a[g - 1] >= t):
+            rows[misses] = r
+            xs[misses] = t
+            misses += 1
+    if misses:
+        _lower_bounds(a, xs, ks, misses)
+        for q in range(misses):
+            k[rows[q]] = ks[q]
+
+
 GAMMA, MIX1, MIX2 = 0x9E3779B97F4A7C15, 0xBF58476D1CE4E5B9, 0x94D049BB133111EB
 
 
@@ -106,7 +142,7 @@ def _nb_draw(
     column_at: int,
     row_bytes: int,
 ) -> None:  # pragma: no cover
-    """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order``: ``3 n`` of scratch.
+    """Fill ``goal`` (the goal slot of each item, ``-1``: kept); ``order``: ``6 n`` of scratch.
 
     ``column_at`` (``0``: none): the address of the goal column (rows of ``row_bytes``),
     whose row ``goal[i]`` is prefetched as soon as it is drawn: the rows, random reads all
@@ -137,7 +173,8 @@ def _nb_draw(
         if x < 0 or x >= capacity:  # a slot outside [0, capacity): the general rule
             x = (slots[order[r]] - base - oldest) % capacity
         times[r] = oldest + x
-    _lower_bounds(ends, times, found, n_relabel)  # the first end at or after each time
+    # the first end at or after each time
+    _episodes_of(ends, times, found, n_relabel, order[3 * n : 6 * n])
     for r in range(n_relabel):
         i = order[r]
         t = times[r]
@@ -218,7 +255,7 @@ def _nb_relabel(
     slots, the storage's goal column (``capacity`` rows of ``d`` values of ``like``'s dtype),
     the batch's desired goals ``old`` and the new ones ``out`` (``n`` rows), the same for
     ``("next", *desired)`` (``next_out_at`` 0: none). ``floats`` is ``(p_cur, p_traj,
-    log_discount)``; ``u`` (``n`` rows of 4) and ``order`` (``3 n``) are scratch.
+    log_discount)``; ``u`` (``n`` rows of 4) and ``order`` (``6 n``) are scratch.
     ``out[i]`` is the column's row ``goal[i]`` where relabeled, else ``old[i]``.
     """
     slots = numba.carray(voidptr(slots_at), (n,), np.int64)
@@ -303,7 +340,7 @@ def goal_draw(
     out = np.empty(slots.shape[0], np.int64)
     _nb_draw(
         slots, u, ends, time, base, capacity, code, n_relabel, goal_probs[0], goal_probs[1],
-        log_discount if geom else math.nan, np.empty(3 * out.shape[0], np.int64), out, -1, 0, 0,
+        log_discount if geom else math.nan, np.empty(6 * out.shape[0], np.int64), out, -1, 0, 0,
     )  # fmt: skip
     mask = out >= 0
     return out, np.where(mask, out, slots), mask

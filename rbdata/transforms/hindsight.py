@@ -205,13 +205,13 @@ class HindsightRelabel:
         """Kernel scratch for ``n`` items of ``plan``'s goals, reused from batch to batch.
 
         An empty ``(0, 4)`` array of doubles (the kernel makes its uniforms where it uses
-        them), ``3 n`` int64, the batch's goal shape ``(n, *goal shape)`` and the count of
+        them), ``6 n`` int64, the batch's goal shape ``(n, *goal shape)`` and the count of
         items relabeled.
         """
         scratch = self._scratch
         ratio = self.her_ratio
         if scratch is None or scratch[0] != n or scratch[1] is not plan or scratch[6] != ratio:
-            u, order = np.empty((0, 4), np.float64), np.empty(3 * n, np.int64)
+            u, order = np.empty((0, 4), np.float64), np.empty(6 * n, np.int64)
             shape = torch.Size((n, *plan.column.shape[1:]))
             scratch = self._scratch = (n, plan, u, order, shape, int(ratio * n), ratio)
         return scratch[2:6]
