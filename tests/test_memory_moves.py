@@ -207,6 +207,10 @@ def test_a_large_arena_is_advised_onto_huge_pages() -> None:
     assert torch.equal(storage[123_456]["reward"], torch.tensor(-123_456.0))
     small = _memory.arena(10, storage.layout.leaves)
     assert all(not b.any() for b in small)  # small arenas: plain zeros
+    block = _memory.huge_block((5 << 20) + 123)
+    assert block.numel() == (5 << 20) + 123 and not block.any()
+    whole = torch.empty(0, dtype=torch.uint8).set_(block.untyped_storage())
+    assert whole.numel() > block.numel() and not whole.any()  # the slack too: no stale bytes
     enabled = Path("/sys/kernel/mm/transparent_hugepage/enabled")
     if (
         not sys.platform.startswith("linux")
@@ -215,6 +219,4 @@ def test_a_large_arena_is_advised_onto_huge_pages() -> None:
     ):
         pytest.skip("no transparent huge pages here: the advice is not recorded")
     assert "hg" in _vm_flags(bufs[0].data_ptr())  # MADV_HUGEPAGE on the block's pages
-    block = _memory.huge_block((5 << 20) + 123)
-    assert block.numel() == (5 << 20) + 123 and not block.any()
     assert "hg" in _vm_flags(block.data_ptr() + (3 << 20))  # its whole huge pages: 4 MiB

@@ -94,8 +94,9 @@ def huge_block(size: int) -> torch.Tensor:
     ``madvise`` (the usual default). A sampled batch reads rows all over a large storage:
     with 4 KiB pages nearly every row is also a TLB miss (a page walk, dearer still in a
     virtual machine). Elsewhere, or where the kernel refuses, the advice does nothing and
-    the block is ordinary memory. Torch owns the memory (up to one huge page more than
-    ``size``, never touched), so pickling and ``share_memory_`` move it as any tensor's.
+    the block is ordinary memory. Torch owns the memory, up to one huge page more than
+    ``size`` and all of it zeroed (a plain pickle of a view saves the whole memory: no stale
+    bytes of the heap go with it), so pickling and ``share_memory_`` move it as any tensor's.
 
     Examples:
         >>> block = huge_block(3 << 20)
@@ -106,7 +107,8 @@ def huge_block(size: int) -> torch.Tensor:
     start = -raw.data_ptr() % HUGE_PAGE
     block = raw[start : start + size]
     _advise_huge(block.data_ptr(), size - size % HUGE_PAGE)
-    return block.zero_()
+    raw.zero_()  # after the advice: the first touch of each huge page
+    return block
 
 
 def _advise_huge(address: int, length: int) -> None:
