@@ -3,7 +3,7 @@
 ``python tests/_moves.py KIND MOVE TMPDIR`` builds a storage of ``KIND`` (``tensor``,
 ``memmap``, ``private``: a copy-on-write MemmapStorage as ``ReplayBuffer.loads`` gives;
 ``huge``: a TensorStorage whose arena is a :func:`~rbdata.storages._memory.huge_block`, here
-with 4 KiB "huge pages" so that a small storage takes that path: a slice at an offset into
+with 512-byte "huge pages" so that a small storage takes that path: a slice at an offset into
 a larger allocation, advised before it is touched), fills
 it, makes torch move its memory with ``MOVE``, then runs every write path (per-step ``add`` of a
 dict and of a TensorDict, small and large ``extend``, ``set`` at scattered slots) and checks
@@ -54,13 +54,17 @@ def make(kind: str, tmp: Path) -> tuple[ReplayBuffer, list[int | None]]:
     model: list[int | None] = [None] * CAP
     if kind in ("tensor", "huge"):
         if kind == "huge":
-            _memory.HUGE_PAGE = 4096
+            _memory.HUGE_PAGE = _memory.HUGE_MIN = 512
         rb = ReplayBuffer(TensorStorage(CAP))
     else:
         rb = ReplayBuffer(MemmapStorage(CAP, path=tmp / "mm"))
     ks = list(range(100, 100 + CAP))
     rb.extend(batch(ks))
     model[:] = ks
+    if kind == "huge":  # the arena is a slice of a larger block, on a "huge page" boundary
+        bufs = rb.storage.buffers  # type: ignore[attr-defined]
+        assert bufs[0].untyped_storage().nbytes() > sum(b.nbytes for b in bufs)
+        assert bufs[0].data_ptr() % 512 == 0
     if kind == "private":
         rb.dumps(tmp / "ckpt")
         rb = ReplayBuffer.loads(tmp / "ckpt")

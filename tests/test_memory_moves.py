@@ -193,11 +193,12 @@ def _vm_flags(address: int) -> list[str]:
 
 
 def test_a_large_arena_is_advised_onto_huge_pages() -> None:
-    """A storage of more than 2 MiB sits on one huge-page-aligned block, advised ``hg``."""
-    storage = TensorStorage(200_000)  # 200k x (12 + 4 + 8) bytes: one ~4.8 MB arena
-    ks = torch.arange(200_000)
+    """A storage of 16 MiB or more sits on one huge-page-aligned block, advised ``hg``."""
+    rows = 800_000  # x (12 + 4 + 8) bytes: one 19.2 MB arena
+    storage = TensorStorage(rows)
+    ks = torch.arange(rows)
     storage.set(
-        slice(0, 200_000),
+        slice(0, rows),
         {"goal": ks[:, None].float().expand(-1, 3), "reward": -ks.float(), "action": ks},
     )
     bufs = storage.buffers

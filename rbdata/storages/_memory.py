@@ -40,6 +40,7 @@ from rbdata._layout import Leaf
 
 __all__ = [
     "ALIGN",
+    "HUGE_MIN",
     "HUGE_PAGE",
     "Guard",
     "Mapping",
@@ -53,6 +54,9 @@ __all__ = [
 
 ALIGN = 64  #: bytes between the starts of two leaves in an arena (a cache line)
 HUGE_PAGE = 2 << 20  #: bytes of an x86-64 / arm64 transparent huge page
+#: the smallest arena put on huge pages: 4 KiB pages already reach a few MiB of random rows
+#: from the TLB, and the block's alignment costs up to one huge page more (at most 1/8 here)
+HUGE_MIN = 8 * HUGE_PAGE
 
 Guard = tuple[tuple[torch.Tensor, int], ...]
 
@@ -76,9 +80,10 @@ def arena(capacity: int, leaves: Sequence[Leaf]) -> list[torch.Tensor]:
     for size in sizes:
         starts.append(total)
         total += -(-size // ALIGN) * ALIGN
-    block = (
-        huge_block(total) if total >= HUGE_PAGE else torch.zeros(max(total, 1), dtype=torch.uint8)
-    )
+    if total >= HUGE_MIN:
+        block = huge_block(total)
+    else:
+        block = torch.zeros(max(total, 1), dtype=torch.uint8)
     return [
         block[start : start + size].view(leaf.dtype).view(capacity, *leaf.shape)
         for start, size, leaf in zip(starts, sizes, leaves, strict=True)

@@ -1,4 +1,4 @@
-"""Goal draws for hindsight relabeling: one numba pass over a batch, and its per-item reference.
+"""Goal draws for hindsight relabeling: one numba pass per batch (reference: ``_goals_reference``).
 
 Inputs are an :class:`~rbdata.transforms.EpisodeIndex`'s tables (``ends``, ``time``, ``base``,
 ``capacity``), the sampled slots and one row of uniforms in ``[0, 1)`` per item (columns:
@@ -191,10 +191,10 @@ def _nb_draw(
         elif code == 2:
             g = s + min(int(v * (e - s + 1)), e - s)
         else:
-            w = _uniform(u, seed, i, 2)
             if v < p_cur:
                 g = t
             elif v < p_cur + p_traj:
+                w = _uniform(u, seed, i, 2)  # made where used: the same number as up front
                 if geom:
                     # k >= 1 with P(k > m) = discount ** m: 1 + floor(log(1 - w) / log(discount))
                     g = e
