@@ -31,7 +31,8 @@ typecheck: venv
 # kernel cache ignores the flag, so this run compiles into a cache directory of its own.
 KERNEL_TESTS := tests/test_sumtree.py tests/test_prioritized.py tests/test_slice.py \
 	tests/test_prioritized_checks.py tests/test_samplers_bounds.py tests/test_arrow.py \
-	tests/test_memmap_packed.py tests/test_add_fast.py
+	tests/test_memmap_packed.py tests/test_add_fast.py tests/test_episode_index.py \
+	tests/test_hindsight.py tests/test_mixed_rows.py
 
 boundscheck: venv
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(VENV)/numba-boundscheck $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
