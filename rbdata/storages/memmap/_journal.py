@@ -21,7 +21,6 @@ import fcntl
 import mmap
 import os
 import struct
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,6 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._checksum import crc32
 from rbdata._layout import Layout
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._header import Header
@@ -207,7 +207,7 @@ class Journal:
 
     def commit_run(self) -> None:
         """:meth:`commit` of the transaction :meth:`begin_run` began."""
-        self._q[1] = zlib.crc32(self._run_crc) | COMMITTED
+        self._q[1] = crc32(self._run_crc) | COMMITTED
 
     def _set_run_head(self, plan: Plan) -> None:
         """Store the head words of a one-run transaction (kind, runs, rows, payload)."""
@@ -248,7 +248,7 @@ class Journal:
         q[i + 1] = slot + 1
         for row, value in zip(plan.first, values, strict=True):
             row[...] = value
-        q[1] = zlib.crc32(self._run_crc) | COMMITTED  # committed: replayed from here on
+        q[1] = crc32(self._run_crc) | COMMITTED  # committed: replayed from here on
         for arr, value in zip(arrays, values, strict=True):
             arr[slot] = value
         header.publish(length, nxt)

@@ -13,7 +13,6 @@ The journal itself (writing, committing, replaying a transaction) is ``_journal.
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 from typing import NamedTuple
@@ -21,6 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
+from rbdata._checksum import crc32
 from rbdata.storages.memmap._header import LEGACY
 
 __all__ = [
@@ -58,8 +58,12 @@ class Plan(NamedTuple):
 
 
 def checksum(data: memoryview, stop: int) -> int:
-    """The commit word: the CRC-32 of the 64-bit words ``[2, stop)``, with bit 62 set."""
-    return zlib.crc32(data[16 : 8 * stop]) | COMMITTED
+    """The commit word: the CRC-32 of the 64-bit words ``[2, stop)``, with bit 62 set.
+
+    zlib's CRC-32, computed by ISA-L (``crc32`` of ``rbdata._checksum``): about 3 us for
+    the 164 kB of a 1000-row extend, where ``zlib.crc32`` takes about 39 us.
+    """
+    return crc32(data[16 : 8 * stop]) | COMMITTED
 
 
 def check_magic(words: np.ndarray, path: Path) -> None:
