@@ -221,3 +221,16 @@ def test_a_large_arena_is_advised_onto_huge_pages() -> None:
         pytest.skip("no transparent huge pages here: the advice is not recorded")
     assert "hg" in _vm_flags(bufs[0].data_ptr())  # MADV_HUGEPAGE on the block's pages
     assert "hg" in _vm_flags(block.data_ptr() + (3 << 20))  # its whole huge pages: 4 MiB
+
+
+def test_rebind_follows_each_mapping_and_refuses_a_mismatch() -> None:
+    raws = [np.arange(8, dtype=np.uint8), np.arange(8, 16, dtype=np.uint8)]
+    mapped = [_memory.mapping(raws[0]), None, _memory.mapping(raws[1])]
+    buffers = [torch.zeros(2, dtype=torch.int32), torch.zeros(3), torch.zeros(2, dtype=torch.int32)]
+    assert _memory.rebind(buffers, mapped)  # both mapped leaves were elsewhere
+    addresses = [raw.__array_interface__["data"][0] for raw in raws]
+    assert [buffers[0].data_ptr(), buffers[2].data_ptr()] == addresses
+    assert buffers[2].view(torch.uint8).tolist() == list(range(8, 16))
+    assert not _memory.rebind(buffers, mapped)  # nothing moved since
+    with pytest.raises(ValueError, match="3 buffers for 2 mappings"):
+        _memory.rebind(buffers, mapped[:2])

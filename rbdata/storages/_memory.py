@@ -173,9 +173,12 @@ def rebind(buffers: list[torch.Tensor], mapped: Sequence[Mapping | None]) -> boo
     ``mapped[i]``: leaf ``i``'s :func:`mapping` (``None``: an empty leaf, nothing mapped).
     What a move copied elsewhere is left to whoever holds it. Returns whether any moved.
     """
+    if len(buffers) != len(mapped):
+        raise ValueError(f"{len(buffers)} buffers for {len(mapped)} mappings")
     any_moved = False
-    for i, (buf, got) in enumerate(zip(buffers, mapped, strict=True)):
-        if got is not None and buf.data_ptr() != got[1]:
+    for i, got in enumerate(mapped):  # no zip: this runs on every gather (~0.2 against 0.6 us)
+        if got is not None and buffers[i].data_ptr() != got[1]:
+            buf = buffers[i]
             buffers[i] = torch.from_numpy(got[0]).view(buf.dtype).view(buf.shape)
             any_moved = True
     return any_moved

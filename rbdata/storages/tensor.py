@@ -292,13 +292,13 @@ class TensorStorage(Storage):
 
     def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """The items at ``idx``: one ``index_select`` per leaf on the storage's device."""
+        if idx.device != self._device:  # host to GPU without waiting; GPU to host waits
+            idx = idx.to(self._device, non_blocking=idx.is_cpu)  # (a no-op ``to``: ~0.6 us)
         if self._plain:  # plain-tensor items: one gather, nothing to assemble
-            return self._rows(idx.to(self._device, non_blocking=idx.is_cpu))[0]
+            return self._rows(idx)[0]
         layout = self._layout
         if layout is None:
             raise IndexError("the storage is empty")
-        if idx.device != self._device:  # host to GPU without waiting; GPU to host waits
-            idx = idx.to(self._device, non_blocking=idx.is_cpu)
         tensors = self._rows(idx)
         device: torch.device | None = self.device
         if extra:
