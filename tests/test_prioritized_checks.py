@@ -160,6 +160,35 @@ def test_default_priority_of_new_items_never_overflows() -> None:
     assert set(index.tolist()) == set(range(10))
 
 
+def test_per_step_adds_give_the_trees_of_one_batched_write_and_refuse_as_it_does() -> None:
+    """``add`` (one slot: its own kernel entry and bound) against ``extend`` of the same items.
+
+    Priorities updated between the writes, so that "the highest seen" changes; the same
+    trees and highest priority on both paths. Near the top of float32, an ``add`` whose
+    default priority would overflow the total is refused, nothing written, as ``extend``.
+    """
+    stepped, batched = (PrioritizedSampler(16, 0.7, 0.4) for _ in range(2))
+    rb_step = ReplayBuffer(TensorStorage(16), stepped)
+    rb_batch = ReplayBuffer(TensorStorage(16), batched)
+    for start, priorities in [(0, [2.0, 0.5]), (5, [7.0]), (11, [0.25, 3.0, 9.0])]:
+        batch = transitions(5, start)
+        for k in range(5):
+            rb_step.add(batch[k])
+        rb_batch.extend(batch)
+        slots = torch.arange(len(priorities))
+        for rb in (rb_step, rb_batch):
+            rb.update_priority(slots, torch.tensor(priorities))
+        assert_same_trees(tree_state(batched), stepped)
+    near = ReplayBuffer(TensorStorage(32), PrioritizedSampler(32, 1.0, 0.4))
+    near.extend(transitions(10))
+    near.update_priority(torch.arange(10), 3.3e37)  # total 3.3e38: one more item overflows it
+    before = tree_state(near.sampler)
+    with pytest.raises(ValueError, match=r"default priority .* overflow"):
+        near.add(transitions(1, start=10)[0])
+    assert len(near) == 10 and near.writer.state_dict() == {"cursor": 10}
+    assert_same_trees(before, near.sampler)
+
+
 @pytest.mark.parametrize("option", ["default_priority", "max_priority"])
 def test_priority_options_that_overflow_the_tree_are_refused(option: str) -> None:
     with pytest.raises(ValueError, match=f"{option}: 1e\\+39 .* not finite"):

@@ -13,6 +13,7 @@ from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeSpec, check_new_total, refusal
 from rbdata.samplers._trees.numba_kernels import (
     _nb_draw_at,
+    _nb_set_one,
     _nb_set_priorities,
     _nb_set_priorities_at,
 )
@@ -50,7 +51,6 @@ class CpuTrees:
         self._sum_np, self._min_np = sum_tree.numpy(), min_tree.numpy()
         self._offsets_np = np.asarray(_sumtree.layout(sum_tree), dtype=np.int64)
         self._leaf0 = int(self._offsets_np[-1])
-        self._one = (np.zeros(1, np.int64), np.zeros(1, np.float64))  # see set_new
         # the kernels' constants as plain attributes: read on every call
         self._eps, self._alpha, self._vmax, self._pmax = spec.eps, spec.alpha, spec.vmax, spec.pmax
         self._max = max_priority
@@ -116,10 +116,14 @@ class CpuTrees:
         """Give new items ``priority`` (``None``: the highest seen); one slot: no conversion."""
         p = self._max if priority is None else priority
         if isinstance(index, int):  # the per-step add: one slot through the kernel
-            idx, prio = self._one
-            idx[0] = index
-            prio[0] = p
-            self._set_arrays(idx, prio, filled)
+            code, _, top = _nb_set_one(
+                self._sum_np, self._min_np, self._offsets_np, index, float(p), filled,
+                self._eps, self._alpha, self._vmax, self._pmax,
+            )  # fmt: skip
+            if code:
+                raise ValueError(refusal(self.spec, code, index, float(p), filled))
+            if top > self._max:
+                self._max = top
             return
         slots = index.reshape(-1)
         self.set(slots, torch.full(slots.shape, p, dtype=torch.float64), filled)
@@ -127,7 +131,10 @@ class CpuTrees:
     def check_new(self, index: int | torch.Tensor, priority: float | None) -> None:
         """Raise ``ValueError`` if new items at ``index`` and ``priority`` overflow the total."""
         p = self._max if priority is None else priority
-        check_new_total(self.spec, self.sum_tree, self.total(), index, p)
+        total = float(self._sum_np[_sumtree.ROOT])
+        if isinstance(index, int) and total + self.spec.value(p) <= 0.999 * self._vmax:
+            return  # the per-step add, far from the top (check_new_total's first bound)
+        check_new_total(self.spec, self.sum_tree, total, index, p)
 
     def draw(
         self, batch_size: int, generator: torch.Generator, beta: float, stratified: bool
