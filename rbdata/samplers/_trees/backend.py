@@ -32,7 +32,7 @@ __all__ = [
     "TreeBackend",
     "TreeSpec",
     "check_beyond",
-    "check_new_total",
+    "check_new_exact",
     "interpreting",
     "refusal",
     "restored_trees",
@@ -116,18 +116,16 @@ def refusal(spec: TreeSpec, code: int, index: int, priority: float, filled: int)
     )
 
 
-def check_new_total(
-    spec: TreeSpec, sum_tree: torch.Tensor, total: float, index: int | torch.Tensor, p: float
+def check_new_exact(
+    spec: TreeSpec, sum_tree: torch.Tensor, index: int | torch.Tensor, p: float
 ) -> None:
     """Raise ``ValueError`` if new items at ``index`` with priority ``p`` overflow the total.
 
-    A bound first (``total`` plus the new values, no tree walk); only near the dtype's top is
-    the exact sum taken, with the new values in place of the slots they overwrite.
+    The exact sum, with the new values in place of the slots they overwrite: for a write
+    whose bound (the total plus the new values) comes near the dtype's top.
     """
     count = 1 if isinstance(index, int) else int(index.numel())
     value = spec.value(p)
-    if not count or total + count * value <= 0.999 * spec.vmax:
-        return
     slots = torch.tensor([index]) if isinstance(index, int) else index.reshape(-1)
     leaf0 = _sumtree.leaf_offset(sum_tree)
     leaves = sum_tree[leaf0 : leaf0 + spec.capacity].double().cpu()

@@ -10,7 +10,7 @@ import torch
 
 from rbdata.samplers._priority_input import contiguous_cpu_pair, index_and_priority
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import TreeSpec, check_new_total, refusal
+from rbdata.samplers._trees.backend import TreeSpec, check_new_exact, refusal
 from rbdata.samplers._trees.numba_kernels import (
     _nb_draw_at,
     _nb_set_one,
@@ -131,10 +131,10 @@ class CpuTrees:
     def check_new(self, index: int | torch.Tensor, priority: float | None) -> None:
         """Raise ``ValueError`` if new items at ``index`` and ``priority`` overflow the total."""
         p = self._max if priority is None else priority
-        total = float(self._sum_np[_sumtree.ROOT])
-        if isinstance(index, int) and total + self.spec.value(p) <= 0.999 * self._vmax:
-            return  # the per-step add, far from the top (check_new_total's first bound)
-        check_new_total(self.spec, self.sum_tree, total, index, p)
+        count = 1 if isinstance(index, int) else int(index.numel())
+        # a bound (no tree walk); only near the dtype's top is the exact sum taken
+        if count and self.total() + count * self.spec.value(p) > 0.999 * self._vmax:
+            check_new_exact(self.spec, self.sum_tree, index, p)
 
     def draw(
         self, batch_size: int, generator: torch.Generator, beta: float, stratified: bool
