@@ -7,7 +7,13 @@ natural built-in.
 
 from __future__ import annotations
 
-__all__ = ["CheckpointError", "EmptyBufferError", "MissingExtraError", "ReadOnlyError"]
+__all__ = [
+    "CheckpointError",
+    "EmptyBufferError",
+    "MissingExtraError",
+    "ReadOnlyError",
+    "StorageInUseError",
+]
 
 
 class CheckpointError(ValueError):
@@ -20,6 +26,14 @@ class EmptyBufferError(RuntimeError):
 
 class ReadOnlyError(RuntimeError):
     """Raised on a write to a read-only buffer (``ImmutableWriter``)."""
+
+
+class StorageInUseError(RuntimeError):
+    """Raised when a storage directory is opened while another process holds it unshared.
+
+    The message names the process and says how to share the storage (``storage.share()``
+    there, or sending the storage object, which pickling and forking share).
+    """
 
 
 class MissingExtraError(ImportError):

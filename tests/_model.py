@@ -130,6 +130,7 @@ class Model:
         self.layout = False  # fixed by the first write
         self.next_id = 0
         self.cursor: int | None = None  # RoundRobinWriter
+        self.pending = False  # its cursor was loaded: the next write goes there
         self.mv: dict[str, Any] | None = None  # MaxValueWriter: ranks, stamps, count, next_stamp
         self.prio: dict[int, float] = {}  # PrioritizedSampler; a slot without one: value 0
         self.max_p = 1.0
@@ -184,9 +185,9 @@ class Model:
         """Where a RoundRobinWriter writes next."""
         if self.shared:  # slots come from the storage's shared next slot, under the lock
             return self.next_slot
-        if self.cursor is not None:
+        if self.pending and self.cursor is not None:  # a loaded cursor: the next write
             return self.cursor
-        return self.next_slot if self.items else 0
+        return self.next_slot  # the ring's one cursor, kept by the storage
 
     # --- refusals -----------------------------------------------------------------------
     def refusal(self, op: dict[str, Any]) -> tuple[str, ...] | None:
@@ -217,8 +218,12 @@ class Model:
         self.next_id += len(items)
         return items
 
-    def _commit(self, slots: list[int], items: list[Item]) -> None:
-        """A storage commit: rows at ``slots`` (in order); the length grows to the top slot."""
+    def _commit(self, slots: list[int], items: list[Item], placed: bool = False) -> None:
+        """A storage commit: rows at ``slots`` (in order); the length grows to the top slot.
+
+        A writer's commit moves the storage's next slot to after its last slot; a ``set``
+        (``placed``) only when its slots are ``next_slot, next_slot + 1, ...`` (wrapping).
+        """
         top = max(slots, default=-1) + 1
         grown: list[Any] = self.items + [None] * max(0, top - len(self.items))
         for slot, item in zip(slots, items, strict=True):
@@ -226,7 +231,9 @@ class Model:
         assert None not in grown, "the machine never leaves holes"
         self.items = grown
         if slots:
-            self.next_slot = (slots[-1] + 1) % CAP
+            ring = [(self.next_slot + j) % CAP for j in range(len(slots))]
+            if not placed or slots == ring:
+                self.next_slot = (slots[-1] + 1) % CAP
             self.layout = True
 
     def apply(self, op: dict[str, Any], result: Any = None) -> Any:
@@ -258,6 +265,7 @@ class Model:
             slots = [(start + j) % CAP for j in range(len(items))]
             self._commit(slots, items)
             self.cursor = (start + len(items)) % CAP
+            self.pending = False
             kept = items
         else:
             slots, kept = self._top_k(items)
@@ -332,7 +340,7 @@ class Model:
     def _op_set(self, op: dict[str, Any], result: Any) -> None:
         """``storage.set``: the data only (the writer and the sampler are not told)."""
         items = self.new_items(op["ranks"], op["dones"])
-        self._commit(list(op["slots"]), items)
+        self._commit(list(op["slots"]), items, placed=True)
 
     def _op_update_priority(self, op: dict[str, Any], result: Any) -> None:
         index = op["index"]
@@ -420,6 +428,7 @@ class Model:
         keep = (self.shared, self.cow, self.reopenable, self.layout, self.ckpt, self.next_id)
         self.__dict__.update(copy.deepcopy(saved.__dict__))
         self.shared, self.cow, self.reopenable, layout, self.ckpt, self.next_id = keep
+        self.pending = self.cursor is not None  # the writer's state loaded: a cursor to use
         if in_place:  # the buffer's own storage: its layout stays fixed (a list's follows)
             self.layout = saved.layout or (layout and self.cfg.storage != "list")
 
@@ -445,7 +454,7 @@ class Model:
     def _op_reopen(self, op: dict[str, Any], result: Any) -> None:
         """``close`` + ``open`` and a new buffer with new components over the storage."""
         self.shared = False
-        self.cursor, self.mv = None, None
+        self.cursor, self.mv, self.pending = None, None, False
         self.prio, self.max_p = {}, 1.0
         self.epoch_n, self.pos, self.drawn = None, 0, []
         self.time, self.base, self.ends = 0, None, []

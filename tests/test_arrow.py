@@ -244,7 +244,7 @@ def test_random_writes_match_a_per_slot_model(
 ) -> None:
     storage = ArrowStorage(capacity, chunk_size=chunk_size, ragged=("boxes",))
     model: dict[int, int] = {}
-    length, next_id = 0, 100
+    length, next_id, cursor = 0, 100, 0
     for kind, arg in ops:
         if kind == "flush":
             storage.flush()
@@ -259,7 +259,10 @@ def test_random_writes_match_a_per_slot_model(
             storage.set(slots, batch_of(ids))
         model.update(zip(slots, ids, strict=True))
         length = max(length, max(slots) + 1)
-        assert storage.next_slot == (slots[-1] + 1) % capacity
+        # the ring's cursor moves only when the slots continue the ring at it
+        if slots == [(cursor + j) % capacity for j in range(len(slots))]:
+            cursor = (slots[-1] + 1) % capacity
+        assert storage.next_slot == cursor
     assert len(storage) == length
     written = sorted(model)
     for s in written:
@@ -329,6 +332,7 @@ def test_files_are_plain_arrow(tmp_path: Path, finish: str) -> None:
     n = len(storage)
     getattr(storage, finish)()
     assert sorted(p.name for p in path.iterdir()) == [
+        "_holders.bin",  # who holds the directory (rbdata._holders); pyarrow skips it
         META,
         "chunk-000000.arrow",
         "chunk-000001.arrow",
@@ -381,7 +385,8 @@ def test_reopen_gives_same_items_layout_and_cursor(tmp_path: Path) -> None:
     assert path.is_dir()  # an explicit path is kept
     reopened = ArrowStorage.open(path)
     assert reopened.capacity == 10 and reopened.chunk_size == 3
-    assert reopened.layout == layout and reopened.next_slot == next_slot == 6
+    # set(5) replaced an item in place: the ring's cursor stays after the fill
+    assert reopened.layout == layout and reopened.next_slot == next_slot == 8
     assert snapshot(reopened)[:4] == before[:4]
     check_all(reopened, [0, 1, 2, 3, 4, 55, 6, 7, None, None])
     reopened.set(slice(8, 10), batch_of([88, 99]))  # read/write

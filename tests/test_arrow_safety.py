@@ -381,7 +381,7 @@ def test_an_unclosed_storage_reopens_with_every_row(tmp_path: Path, how: str) ->
     assert torch.equal(got["obs"], torch.arange(23 * 64.0).view(-1, 1).repeat(1, 3))
     # replayed into the chunks: plain Arrow again, and the journal gone
     names = sorted(p.name for p in path.iterdir())
-    assert names == [META, "chunk-000000.arrow", "chunk-000001.arrow"]
+    assert names == ["_holders.bin", META, "chunk-000000.arrow", "chunk-000001.arrow"]
     table = pa.ipc.open_file(str(path / "chunk-000001.arrow")).read_all()
     assert table.column("id").to_pylist() == list(range(1000, 23 * 64))
     meta = json.loads((path / META).read_text())

@@ -726,11 +726,13 @@ def test_list_storage_tensor_rows_with_gaps_round_trip(tmp_path: Path) -> None:
     for i in (0, 1, 2, 9):
         assert_same(rb.storage[i], loaded.storage[i])
     assert loaded.storage.next_slot == rb.storage.next_slot
-    assert_same(rb.extend(steps(4, 10)), loaded.extend(steps(4, 10)))  # the ring goes on
+    ring = rb.extend(steps(4, 10))  # the ring goes on at its cursor: set(9) left it at 3
+    assert ring.tolist() == [3, 4, 5, 6]
+    assert_same(ring, loaded.extend(steps(4, 10)))
     for buffer in (rb, loaded):
-        buffer.storage.set(slice(3, 9), steps(6, 3))  # fill the gap
+        buffer.storage.set(slice(7, 9), steps(2, 7))  # fill the rest of the gap
     assert_same(items(rb), items(loaded))
-    assert_same(items(rb), steps(14))
+    assert_same(items(rb), torch.cat([steps(3), steps(4, 10), steps(2, 7), steps(1, 9)]))
 
 
 # --- 6. tampering ----------------------------------------------------------------------------

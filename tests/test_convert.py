@@ -243,8 +243,8 @@ def test_converted_arrow_reopens(tmp_path: Path, closing: list[Any]) -> None:
     slots = fill(src, [8, 5], "tensordict")
     dst = convert(src, "arrow", tmp_path / "dst", chunk_size=4)
     closing.append(dst)
-    # flushed by convert: another reader sees every row without closing the destination
-    reopened = ArrowStorage.open(tmp_path / "dst")
+    # flushed by convert: a reading copy sees every row without closing the destination
+    reopened = ArrowStorage.open(tmp_path / "dst", recover=False)
     closing.append(reopened)
     assert (len(reopened), reopened.next_slot, reopened.chunk_size) == (CAPACITY, 3, 4)
     assert reopened.layout == src.layout

@@ -318,7 +318,7 @@ def test_full_disk_is_an_oserror_and_the_storage_stays_usable(
     assert info.value.errno == errno.ENOSPC
     assert calls  # the space was asked for
     assert len(storage) == 0 and storage.layout is None
-    assert sorted(p.name for p in root.iterdir()) == ["header.bin", "layout.json"]
+    assert sorted(p.name for p in root.iterdir()) == ["header.bin", "holders.bin", "layout.json"]
     monkeypatch.undo()
     storage.set(slice(0, 3), batch(3))
     assert ids_of(storage) == [0, 1, 2]
@@ -345,7 +345,7 @@ def test_file_size_limit_is_an_oserror_not_a_crash(tmp_path: Path) -> None:
     )
     assert result.returncode == 0, result.stderr
     assert result.stdout.split() == ["errno", "EFBIG", "0", "None"]
-    assert sorted(p.name for p in root.iterdir()) == ["header.bin", "layout.json"]
+    assert sorted(p.name for p in root.iterdir()) == ["header.bin", "holders.bin", "layout.json"]
     storage = MemmapStorage.open(root)
     storage.set(slice(0, 2), batch(2))
     assert ids_of(storage) == [0, 1]

@@ -304,7 +304,8 @@ def test_set_negative_index_counts_from_len(make: Callable[[int], Storage]) -> N
     assert storage[[6, 7]]["b"].tolist() == [60, 61]
     storage.set(torch.tensor([-3]), _batch(1, start=70))
     assert storage[7]["b"].item() == 70
-    assert len(storage) == 10 and storage.next_slot == 8
+    # writes at positions that do not continue the ring leave its cursor after the fill
+    assert len(storage) == 10 and storage.next_slot == 10
     before = _snapshot(storage)
     with pytest.raises(IndexError, match="-11"):
         storage.set(-11, item)
@@ -362,3 +363,30 @@ def test_cuda_storage_prepares_on_device_and_detached() -> None:
     with pytest.raises(ValueError, match="1e\\+300"):
         storage.set(slice(0, 2), {"x": torch.full((2, 3), 1e300, dtype=torch.float64)})
     assert torch.equal(storage[[0, 1, 2, 3]]["x"], before)
+
+
+# --- one cursor rule, whoever holds the storage (issue 34, item 6) -------------------
+@pytest.mark.parametrize(
+    "kind", ["list", "tensor", "memmap", "memmap-pickled", "memmap-shared", "arrow"]
+)
+def test_set_at_positions_leaves_the_ring_cursor_on_every_storage(kind: str) -> None:
+    from multiprocessing.reduction import ForkingPickler
+
+    makers: dict[str, Callable[[int], Storage]] = {**STORAGES, "arrow": ArrowStorage}
+    storage = makers[kind.split("-")[0]](16)
+    rb = ReplayBuffer(storage)
+    rb.extend(_batch(6))
+    if kind == "memmap-pickled":  # what spawn workers do: both ends become shared
+        ForkingPickler.dumps(storage)
+        assert storage.shared
+    elif kind == "memmap-shared":
+        storage.share()  # type: ignore[attr-defined]
+    storage.set([1, 11, 7], _batch(3, start=50))  # in place: the ring's oldest slot is 6
+    assert storage.next_slot == 6 and len(storage) == 12
+    assert rb.extend(_batch(1, start=60)).tolist() == [6]
+    assert storage[6]["b"].item() == 60 and storage[[1, 11, 7]]["b"].tolist() == [50, 51, 52]
+    storage.set(slice(7, 9), _batch(2, start=70))  # continues the ring at 7: it moves
+    assert storage.next_slot == 9
+    assert rb.extend(_batch(1, start=80)).tolist() == [9]
+    if hasattr(storage, "close"):
+        storage.close()

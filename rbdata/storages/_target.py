@@ -55,6 +55,9 @@ class WriteTarget(NamedTuple):
     #: One past the last slot written, in write order (``None`` for an empty write): where a
     #: ring writer resumes, before wrapping.
     end: int | None
+    #: Whether the caller chose the slots (:meth:`~rbdata.storages.Storage.set`, see
+    #: :meth:`at_positions`) rather than a writer.
+    placed: bool = False
 
     # --- constructors ------------------------------------------------------------------
     @classmethod
@@ -142,9 +145,57 @@ class WriteTarget(NamedTuple):
         assert self.indices is not None
         return int(self.indices[0])
 
+    def at_positions(self) -> WriteTarget:
+        """The same write, at positions the caller chose (what ``Storage.set`` writes).
+
+        Such a write moves the ring's cursor only when it continues the ring there: its
+        slots are ``cursor, cursor + 1, ...`` in write order (filling a storage from slot 0,
+        appending at the cursor). Any other write at positions replaces items where they
+        are, and the cursor stays: the ring overwrites its oldest items next, whoever holds
+        the storage (one process, or several sharing it). A writer's write always moves it.
+
+        Examples:
+            >>> placed = WriteTarget.of_slots(torch.tensor([1, 5])).at_positions()
+            >>> placed.next_slot(8, 3), placed.next_slot(8, 1)  # in place: the cursor stays
+            (3, 1)
+            >>> WriteTarget.for_set([1, 2], 2, 8, 0).next_slot(8, 1)  # continues the ring at 1
+            3
+            >>> WriteTarget.ring(6, 4, 8).at_positions().next_slot(8, 6)
+            2
+        """
+        return self._replace(placed=True)
+
+    @classmethod
+    def for_set(cls, index: Any, n: int, capacity: int, length: int) -> WriteTarget:
+        """:meth:`resolve`, :meth:`at_positions`: what a batched ``Storage.set`` writes."""
+        return cls.resolve(index, n, capacity, length).at_positions()
+
+    def continues(self, cursor: int, capacity: int) -> bool:
+        """Whether the slots are ``cursor, cursor + 1, ...`` (wrapping at ``capacity``)."""
+        expect = cursor % capacity
+        if self.runs is not None:
+            for run in self.runs:
+                if run.stop == run.start:
+                    continue
+                if run.start != expect:
+                    return False
+                expect = run.stop % capacity
+            return True
+        index = self.indices
+        assert index is not None
+        ring = torch.arange(expect, expect + index.numel()).remainder_(capacity)
+        return bool(torch.equal(index, ring))
+
     def next_slot(self, capacity: int, current: int) -> int:
-        """The slot after this write in a ring of ``capacity`` (``current`` if empty)."""
-        return (current if self.end is None else self.end) % capacity
+        """Where a ring writer resumes after this write in a ring of ``capacity``.
+
+        The slot after the write (wrapping), or ``current`` for an empty write and for a
+        write :meth:`at_positions` that does not continue the ring at ``current``.
+        """
+        end = self.end
+        if end is None or (self.placed and not self.continues(current, capacity)):
+            return current
+        return end % capacity
 
     def touches(self, length: int) -> bool:
         """Whether a slot below ``length`` (a live item) is written."""

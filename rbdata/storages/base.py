@@ -130,7 +130,7 @@ class Storage(PersistenceHooks, Dataset[Any]):
 
     @property
     def next_slot(self) -> int:
-        """The slot after the last write, where a ring writer resumes (0 before any write)."""
+        """Where a ring writer resumes (0 first); :meth:`set`: see WriteTarget.at_positions."""
         return self._next
 
     # --- sharing between processes (MemmapStorage; see docs/distributed.md) ---------------
@@ -231,10 +231,10 @@ class Storage(PersistenceHooks, Dataset[Any]):
                 slot = normalize_int(i, len(self), "storage", "length")
             else:
                 slot = normalize_int(i, self.capacity, "storage", "capacity")
-            self.commit(WriteTarget.one(slot), prepared)
+            self.commit(WriteTarget.one(slot).at_positions(), prepared)
             return
         prepared = self.prepare(data, batched=True)
-        self.commit(WriteTarget.resolve(index, prepared.n, self.capacity, len(self)), prepared)
+        self.commit(WriteTarget.for_set(index, prepared.n, self.capacity, len(self)), prepared)
 
     def config(self) -> dict[str, Any]:
         """Constructor arguments that rebuild an empty storage like this one (checkpoints)."""

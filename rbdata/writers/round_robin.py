@@ -21,8 +21,9 @@ class RoundRobinWriter(Writer):
     On a storage shared between processes (:attr:`~rbdata.storages.Storage.shared`, e.g. a
     pickled or forked :class:`~rbdata.storages.MemmapStorage`) the slots are taken from the
     storage's shared ``next_slot`` under its :meth:`~rbdata.storages.Storage.write_lock`,
-    held across reserve + write + publish, not from this process's cursor: concurrent
-    writers form one ring.
+    held across reserve + write + publish: concurrent writers form one ring. Unshared, the
+    writes start at ``next_slot`` too: one ring cursor, kept by the storage, whoever holds it
+    (see :attr:`cursor`).
 
     Examples:
         >>> import torch
@@ -36,43 +37,48 @@ class RoundRobinWriter(Writer):
 
     def __init__(self) -> None:
         self._cursor: int | None = None
-        #: a loaded cursor not yet checked against a storage's capacity (see _check_loaded)
+        #: a cursor set by load_state_dict or reset: where the next write goes (checked
+        #: against the storage's capacity first), instead of the storage's next slot
         self._loaded = False
 
     @property
     def cursor(self) -> int | None:
-        """The next slot to write.
+        """The slot after this writer's last write (``None`` before its first).
 
-        ``None`` until the first write, which starts at the storage's ``next_slot``: a buffer
-        over a reopened storage continues its ring.
+        The ring's cursor itself is the storage's
+        :attr:`~rbdata.storages.Storage.next_slot`: every write starts there (a buffer over
+        a reopened storage continues its ring), so the ring is the same whoever writes it
+        (this writer, another process sharing the storage, a ``storage.set`` that continues
+        the ring). A cursor given by :meth:`load_state_dict` or :meth:`reset` is where the
+        next write goes instead.
         """
         return self._cursor
 
-    def _start(self, storage: Storage) -> int:
-        cursor = self._cursor
-        if cursor is None:
-            cursor = storage.next_slot if len(storage) else 0
-        return cursor
+    def _slot(self, storage: Storage) -> int | None:
+        """Where the next write goes; ``None`` for a shared storage (read under its lock)."""
+        if storage.shared:
+            return None
+        if self._loaded:
+            self._check_loaded(storage)
+            return self._cursor
+        return storage.next_slot
 
     def add(self, storage: Storage, item: Any, check: WriteCheck | None = None) -> int:
         """Write one item at the cursor; return its slot.
 
         ``check(slot, item)``, if given, runs after validation and before the write.
         """
-        if self._loaded:
-            self._check_loaded(storage)
-        slot = self._cursor
-        if slot is None and not storage.shared:  # shared: read under the lock (below)
-            slot = self._start(storage)
+        slot = self._slot(storage)
         if slot is not None and storage.add_fast(slot, item, check):  # the per-step path
             nxt = slot + 1
             self._cursor = nxt if nxt < storage.capacity else 0
+            self._loaded = False
             return slot
         prepared = storage.prepare(item, batched=False)
-        if storage.shared:
+        if slot is None:
             with storage.write_lock():
                 return self._add(storage, storage.next_slot, item, prepared, check)
-        return self._add(storage, self._start(storage), item, prepared, check)
+        return self._add(storage, slot, item, prepared, check)
 
     def _add(
         self, storage: Storage, index: int, item: Any, prepared: Any, check: WriteCheck | None
@@ -82,6 +88,7 @@ class RoundRobinWriter(Writer):
         storage.commit(WriteTarget.one(index), prepared)
         nxt = index + 1
         self._cursor = nxt if nxt < storage.capacity else 0
+        self._loaded = False
         return index
 
     def extend(self, storage: Storage, data: Any, check: WriteCheck | None = None) -> torch.Tensor:
@@ -89,15 +96,12 @@ class RoundRobinWriter(Writer):
 
         ``check(slots, data)``, if given, runs after validation and before the write.
         """
-        if self._loaded:
-            self._check_loaded(storage)
-        start = self._cursor
-        if start is None and not storage.shared:  # shared: read under the lock (below)
-            start = self._start(storage)
+        start = self._slot(storage)
         if start is not None:  # small batches: the per-step path (never for a shared storage)
             index = storage.extend_fast(start, data, check)
             if index is not None:
                 self._cursor = (start + index.shape[0]) % storage.capacity
+                self._loaded = False
                 return index
         prepared = storage.prepare(data, batched=True)
         n, capacity = prepared.n, storage.capacity
@@ -105,10 +109,10 @@ class RoundRobinWriter(Writer):
             raise ValueError(
                 f"data: a batch of {n} items is more than the storage capacity {capacity}"
             )
-        if storage.shared:
+        if start is None:
             with storage.write_lock():
                 return self._extend(storage, storage.next_slot, n, data, prepared, check)
-        return self._extend(storage, self._start(storage), n, data, prepared, check)
+        return self._extend(storage, start, n, data, prepared, check)
 
     def _extend(
         self,
@@ -127,11 +131,13 @@ class RoundRobinWriter(Writer):
             check(index, data)
         storage.commit(WriteTarget.ring(start, n, capacity), prepared)
         self._cursor = (start + n) % capacity
+        self._loaded = False
         return index
 
     def reset(self) -> None:
-        """Restart writing at slot 0."""
+        """Restart writing at slot 0 (the next write goes there)."""
         self._cursor = 0
+        self._loaded = True
 
     def state_dict(self) -> dict[str, Any]:
         """``{"cursor": int | None}``."""
@@ -141,6 +147,9 @@ class RoundRobinWriter(Writer):
         """Restore the cursor: ``None`` or an int ``>= 0``.
 
         The cursor is checked against the storage's capacity at the next write.
+
+        An int is where the next write goes; ``None`` leaves the ring's cursor to the storage
+        (its ``next_slot``).
 
         Raises:
             ValueError: for a cursor that is not ``None`` or an integer ``>= 0``.
@@ -162,4 +171,3 @@ class RoundRobinWriter(Writer):
                 f"cursor: the writer's state says slot {cursor}, but the storage has "
                 f"{storage.capacity} slots; load a state that belongs to this storage"
             )
-        self._loaded = False

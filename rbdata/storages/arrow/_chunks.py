@@ -288,7 +288,14 @@ def write_targets(storage: ArrowStorage, k: int) -> tuple[list[np.ndarray], Chun
     """
     chunk = storage._chunks.get(k)
     full = min(storage.chunk_size, storage.capacity - k * storage.chunk_size)
-    if chunk is None or chunk.is_open or storage._variable or chunk.rows != full:
+    if (
+        chunk is None
+        or chunk.is_open
+        or storage._variable
+        or chunk.rows != full
+        or storage._hold is None  # a reading copy (refused writes first)
+        or storage._hold.readers  # copies map the file: rewrite it whole, never in place
+    ):
         chunk = open_chunk(storage, k)
         return chunk.fixed, chunk
     if chunk.writable is None:

@@ -41,6 +41,7 @@ import json
 import os
 import warnings
 import weakref
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ from rbdata.storages.arrow._chunks import chunk_file, map_chunk
 from rbdata.storages.arrow._items import load_pyarrow
 from rbdata.storages.arrow._journal import Journal, read_journal
 from rbdata.storages.arrow._records import replay
+from rbdata.storages.arrow._writer import WriterHold
 from rbdata.storages.base import Storage
 
 if TYPE_CHECKING:
@@ -154,8 +156,17 @@ def _flush_dropped(cls: type[Any], state: dict[str, Any]) -> None:
         )
 
 
-def reopen(cls: type[ArrowStorage], path: str | os.PathLike[str], recover: bool) -> ArrowStorage:
-    """``ArrowStorage.open``: check the directory, map its chunks, replay the journal."""
+def reopen(
+    cls: type[ArrowStorage],
+    path: str | os.PathLike[str],
+    recover: bool,
+    hold: Callable[[Path], WriterHold],
+) -> ArrowStorage:
+    """``ArrowStorage.open``: check the directory, map its chunks, replay the journal.
+
+    With ``recover``, ``hold(root)`` takes the directory as its one writer first (it raises
+    while another process or storage object writes it).
+    """
     pa = load_pyarrow()
     root, meta, files = read_dir(path)
     length, cs = meta["length"], meta["chunk_size"]
@@ -181,9 +192,15 @@ def reopen(cls: type[ArrowStorage], path: str | os.PathLike[str], recover: bool)
             )
         storage._chunks[k] = chunk
     storage._length, storage._next = length, meta["next"]
-    if recover:
-        records = read_journal(root, storage._epoch)
-        storage._journal = Journal(root)
-        replay(storage, records)
+    if recover:  # the one writer: refused while another process (or object) writes it
+        storage._hold = hold(root)
+        try:
+            records = read_journal(root, storage._epoch)
+            storage._journal = Journal(root)
+            replay(storage, records)
+        except BaseException:
+            storage._hold.close()
+            storage._hold = None
+            raise
         storage._dropped = flush_when_dropped(storage)
     return storage

@@ -73,6 +73,7 @@ from rbdata.storages.arrow._journal import Journal
 from rbdata.storages.arrow._lifecycle import flush_when_dropped, reopen, write_meta
 from rbdata.storages.arrow._persist import ArrowFiles
 from rbdata.storages.arrow._records import log_write
+from rbdata.storages.arrow._writer import WriterHold
 from rbdata.storages.base import Prepared, WriteTarget
 
 __all__ = ["ArrowStorage"]
@@ -125,6 +126,9 @@ class ArrowStorage(ArrowFiles):
         >>> storage.close()
     """
 
+    #: this process's hold on the directory, as its one writer (``None`` for a reading copy)
+    _hold: WriterHold | None
+
     def __init__(
         self,
         max_size: int,
@@ -141,6 +145,7 @@ class ArrowStorage(ArrowFiles):
         root, self._finalizer = storage_dir(self, path, "rbdata-arrow-")
         self._path = check_dir(root, "ArrowStorage")
         self._init_state()
+        self._hold = WriterHold(root)  # a new directory: this process is its one writer
         write_meta(self)
         self._journal: Journal | None = Journal(root)
         # flushed when dropped unclosed (del, gc, exit), as files are: _lifecycle.py
@@ -161,6 +166,7 @@ class ArrowStorage(ArrowFiles):
         # the one process that may write (Arrow chunks and the journal are not shareable)
         self._owner_pid = os.getpid()
         self._dropped = None  # the finalizer that flushes a dropped storage
+        self._hold = None
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
@@ -175,15 +181,18 @@ class ArrowStorage(ArrowFiles):
 
         Args:
             path: the storage directory.
-            recover: replay the journal (default). ``False`` opens the state of the last
-                flush without writing anything (what an unpickled copy in another process
-                does: the owner may still be writing).
+            recover: replay the journal (default) and become the storage's one writer:
+                refused (``StorageInUseError``) while another process, or another storage
+                object of this one, writes the directory. ``False`` opens the state of the
+                last flush without writing anything (what an unpickled copy in another
+                process does: the owner may still be writing).
 
         Raises:
+            StorageInUseError: another process or object writes the directory.
             FileNotFoundError: if ``path`` or its metadata file does not exist.
             ValueError: for a symlinked directory or file, or corrupt metadata or chunks.
         """
-        return reopen(cls, path, recover)
+        return reopen(cls, path, recover, WriterHold)
 
     def flush(self) -> None:
         """Write every row to the chunk files and the metadata, fsync'ed (then plain Arrow)."""
@@ -216,12 +225,17 @@ class ArrowStorage(ArrowFiles):
         if self._journal is not None:
             self._journal.close()
             self._journal = None
+        if self._hold is not None:
+            self._hold.close()
+            self._hold = None
         self._closed = True
         if self._finalizer is not None:
             self._finalizer()
 
     def __getstate__(self) -> dict[str, Any]:
         self.flush()  # the receiving process maps the files: they must hold every row
+        if self._hold is not None:  # it reads them: no chunk file changes in place from now on
+            self._hold.readers = True
         return {"path": str(self._path), "owner": self._owner_pid}
 
     def __setstate__(self, state: dict[str, Any]) -> None:

@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rbdata._files import atomic_write_json, inside
+from rbdata._holders import Holders
 from rbdata._layout import Layout
 from rbdata.storages import _memory
 from rbdata.storages.memmap._directory import (
@@ -70,9 +71,17 @@ def open_dir(
     storage._shared = False
     storage._last_write = (0, 0)
     storage._state = None  # type: ignore[assignment]
-    storage._header = header = Header(
-        inside(root, HEADER_FILE), create=False, private=storage._private
-    )
+    storage._holders = None
+    if not storage._private:  # alone, joining sharers, or refused (see MemmapStorage.open)
+        storage._holders = Holders(root, "MemmapStorage", lambda: cls._adopt(root))
+    try:
+        storage._header = header = Header(
+            inside(root, HEADER_FILE), create=False, private=storage._private
+        )
+    except BaseException:
+        storage._header = None  # type: ignore[assignment]
+        storage.close()
+        raise
     try:
         shared = None if storage._private else inside(root, SHARED_FILE)
         if shared is not None and not shared.exists():
@@ -82,6 +91,8 @@ def open_dir(
         if layout is not None:
             storage._map_files(layout, files)
             storage._replay()
+        if storage._holders is not None and storage._holders.shared:
+            storage._become_shared()
     except BaseException:
         storage.close()
         raise
@@ -221,6 +232,9 @@ def close(storage: MemmapStorage) -> None:
     if getattr(storage, "_state", None) is not None:
         storage._state.close()
         storage._state = None  # type: ignore[assignment]
+    if getattr(storage, "_holders", None) is not None:
+        storage._holders.close()  # type: ignore[union-attr]
+        storage._holders = None
     finalizer = getattr(storage, "_finalizer", None)
     if finalizer is not None:
         finalizer()

@@ -45,6 +45,8 @@ def become_shared(storage: MemmapStorage) -> None:
     """Map ``shared.bin`` (seeded with this process's count) and the slots' version words."""
     if storage._private or storage._shared:
         return
+    if storage._holders is not None:  # first: a later open joins shared, never refused
+        storage._holders.share()
     if storage._state.path is None:  # map shared.bin, seeded with this process's count
         state = SharedState(inside(storage._path, SHARED_FILE), seed=storage._state.writes)
         storage._state.close()

@@ -45,8 +45,21 @@ __all__ = [
 
 
 def commit(storage: MemmapStorage, target: WriteTarget, prepared: Prepared) -> None:
-    """Write prepared data where ``target`` says, atomically (see ``memmap/storage.py``)."""
+    """Write prepared data where ``target`` says, atomically (see ``memmap/storage.py``).
+
+    A shared storage takes its write lock around the write (a writer that reserved its
+    slots holds it already: it nests), so a ``set`` of this process and another process's
+    write never interleave, and the cursor it moves or keeps is the one every process sees.
+    """
     storage._check_open()
+    if not storage._shared:
+        _commit(storage, target, prepared)
+        return
+    with storage.write_lock():
+        _commit(storage, target, prepared)
+
+
+def _commit(storage: MemmapStorage, target: WriteTarget, prepared: Prepared) -> None:
     if prepared.layout is not None:
         # a shared storage: fixed by another process since this one prepared the data?
         if (

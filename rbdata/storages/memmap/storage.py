@@ -40,6 +40,7 @@ becoming shared, the write lock; ``_writes.py``: commits and journal transaction
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,7 @@ from typing import Any
 import torch
 
 from rbdata._files import atomic_write_json, storage_dir
+from rbdata._holders import Holders
 from rbdata._layout import Layout
 from rbdata._torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
 from rbdata.storages import _memory
@@ -114,7 +116,9 @@ class MemmapStorage(MemmapFiles):
         self._state = SharedState(None)  # the file comes when the storage is shared
         self._shared = False
         self._last_write = (0, 0)
+        self._holders: Holders | None = None
         atomic_write_json(root / LAYOUT_FILE, self._meta(None))
+        self._holders = Holders(root, "MemmapStorage")  # a new directory: the one holder
         LIVE.add(self)
 
     # --- opening, closing, pickling (the mechanisms: _lifecycle.py) -----------------------
@@ -132,11 +136,20 @@ class MemmapStorage(MemmapFiles):
             copy_on_write: map the files privately: reads come from the files, lazily;
                 writes stay in this process's memory and never reach the files (how a
                 checkpoint is loaded). Such a storage pickles its data, not its path.
-                ``False`` (default): read/write, shared with every process that opens it.
+                ``False`` (default): read/write, shared with every process that holds it.
+
+        Who holds the directory decides how it is written (``holders.bin``, see
+        :mod:`rbdata._holders`): opened by no one else, this process is its one holder
+        (no lock, its fastest path); held by processes that share it (a storage pickled,
+        forked or :meth:`share`-d), this one joins them shared; held by a process that
+        writes it unshared, the open is refused (``StorageInUseError``: call
+        :meth:`share` there first, or send the storage object). A second open in the
+        process that holds it shares the first.
 
         Raises:
             FileNotFoundError: no storage directory at ``path``.
             ValueError: naming the file and the field that is corrupt or out of range.
+            StorageInUseError: another process holds the directory unshared.
         """
         return _lifecycle.open_dir(cls, path, copy_on_write)
 
@@ -195,6 +208,18 @@ class MemmapStorage(MemmapFiles):
         """
         self._check_open()
         self._become_shared()
+
+    @staticmethod
+    def _adopt(root: Path) -> bool:
+        """Share this process's unshared holder of ``root``, if it has one (see ``open``)."""
+        for storage in list(LIVE):
+            if storage._closed or storage._private or storage._shared:
+                continue
+            with contextlib.suppress(OSError):
+                if os.path.samefile(storage._path, root):
+                    storage._become_shared()
+                    return True
+        return False
 
     _become_shared = _sharing.become_shared
     write_lock = _sharing.write_lock
