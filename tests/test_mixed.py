@@ -162,6 +162,29 @@ def test_update_priority_checks_everything_before_any_change() -> None:
     assert a.sampler.priority_values()[3] == 4.0 and c.sampler.priority_values()[1] == 4.0
 
 
+@pytest.mark.usefixtures("tree_path")
+def test_an_overflow_in_a_later_source_changes_no_source() -> None:
+    # float32 trees: two priorities of 3e38 in source "c" overflow its total (3.4e38)
+    def make(start: float) -> ReplayBuffer:
+        sampler = PrioritizedSampler(4, alpha=1.0, beta=0.5, dtype=torch.float32)
+        rb = ReplayBuffer(TensorStorage(4), sampler)
+        rb.extend(rows(4, start))
+        return rb
+
+    a, c = make(0), make(100)
+    mixed = MixedBuffer({"a": a, "c": c}, {"a": 1, "c": 1})
+    before = (a.sampler.priority_values(), c.sampler.priority_values())
+    with pytest.raises(ValueError, match=r"total overflow.*nothing was changed"):
+        mixed.update_priority([0, 4, 5], [7.0, 3e38, 3e38])
+    a.sampler.check_errors()  # the device path: nothing deferred either
+    c.sampler.check_errors()
+    assert torch.equal(a.sampler.priority_values(), before[0])
+    assert torch.equal(c.sampler.priority_values(), before[1])
+    mixed.update_priority([0, 4, 5], [7.0, 1e38, 1e38])  # fits: both sources written
+    assert a.sampler.priority_values()[0] == 7.0
+    assert c.sampler.priority_values()[:2].tolist() == pytest.approx([1e38, 1e38], rel=1e-6)
+
+
 def test_update_priority_without_any_prioritized_source() -> None:
     mixed = MixedBuffer({"a": storage(4, 0), "b": storage(4, 10)}, {"a": 1, "b": 1})
     with pytest.raises(TypeError, match="no source samples with priorities"):
