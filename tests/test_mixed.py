@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _mixed_data import prioritized_buffer, reference_counts, rows, storage
@@ -22,6 +23,7 @@ from rbdata import (
     EmptyBufferError,
     MixedBuffer,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
     SliceSampler,
@@ -183,6 +185,24 @@ def test_an_overflow_in_a_later_source_changes_no_source() -> None:
     mixed.update_priority([0, 4, 5], [7.0, 1e38, 1e38])  # fits: both sources written
     assert a.sampler.priority_values()[0] == 7.0
     assert c.sampler.priority_values()[:2].tolist() == pytest.approx([1e38, 1e38], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [torch.tensor([0.0]), [0.5], np.array([0.5]), 0.5],
+    ids=["tensor", "list", "array", "float"],
+)
+def test_every_update_priority_path_names_the_index_argument(index: object) -> None:
+    rb = prioritized_buffer(8, 4, 0, seed=1)
+    mixed = MixedBuffer({"a": rb, "b": storage(4, 100)}, {"a": 1, "b": 1})
+    slices = PrioritizedSliceSampler(8, slice_len=2, alpha=1.0, beta=0.5)
+    paths = [rb.update_priority, rb.sampler.update_priority, mixed.update_priority]
+    paths += [slices.update_priority, rb.sampler.check_priority]
+    before = rb.sampler.priority_values()
+    for update in paths:
+        with pytest.raises(TypeError, match=r"^index: expected integers"):
+            update(index, 1.0)
+    assert torch.equal(rb.sampler.priority_values(), before)
 
 
 def test_update_priority_without_any_prioritized_source() -> None:
