@@ -358,6 +358,61 @@ def test_a_bad_state_changes_nothing() -> None:
         mixed.load_state_dict([])  # type: ignore[arg-type]
 
 
+def _kinds(first: str, second: str) -> MixedBuffer:
+    """Sources "a" and "b" of 16 rows sampled by a ``first`` and a ``second`` sampler."""
+
+    def sampler(kind: str, capacity: int) -> object:
+        gen = torch.Generator().manual_seed(3)
+        if kind == "prioritized":
+            return PrioritizedSampler(capacity, alpha=1.0, beta=0.5, generator=gen)
+        return UniformSampler(generator=gen)
+
+    sources = {"a": storage(16, 0), "b": storage(16, 100)}
+    samplers = {"a": sampler(first, 16), "b": sampler(second, 16)}
+    return MixedBuffer(sources, {"a": 1, "b": 1}, samplers=samplers)
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "name"),
+    [
+        (("uniform", "uniform"), ("uniform", "prioritized"), "b"),
+        (("uniform", "prioritized"), ("uniform", "uniform"), "b"),
+        (("uniform", "uniform"), ("prioritized", "uniform"), "a"),
+        (("prioritized", "uniform"), ("uniform", "uniform"), "a"),
+    ],
+)
+def test_a_state_of_another_sampler_kind_is_refused_and_changes_nothing(
+    saved: tuple[str, str], loaded: tuple[str, str], name: str
+) -> None:
+    state = _kinds(*saved).state_dict()
+    mixed = _kinds(*loaded)
+    if "prioritized" in loaded:
+        mixed.update_priority([0, 16], [5.0, 6.0])
+    mixed.weights = {"a": 0.25, "b": 0.75}
+    before = mixed.state_dict()
+    expected = type(mixed.samplers[name]).__name__
+    with pytest.raises(ValueError, match=rf"\['{name}'\]: expected the state of a {expected}"):
+        mixed.load_state_dict(state)
+    after = mixed.state_dict()
+    assert after["weights"] == before["weights"]
+    for source, own in before["samplers"].items():
+        assert set(after["samplers"][source]) == set(own)
+        for key, value in own.items():
+            now = after["samplers"][source][key]
+            assert torch.equal(value, now) if isinstance(value, torch.Tensor) else value == now
+
+
+def test_a_state_of_other_sources_says_how_to_load_it() -> None:
+    state = _kinds("uniform", "uniform").state_dict()
+    other = MixedBuffer({"a": storage(4, 0), "c": storage(4, 10)}, {"a": 1, "c": 1})
+    with pytest.raises(
+        ValueError,
+        match=r"saved from a mixture of the sources \['a', 'b'\], this one has \['a', 'c'\]: "
+        r"load it into a mixture built with the same sources",
+    ):
+        other.load_state_dict(state)
+
+
 # --- random operation sequences against a plain model -------------------------------------------
 @pytest.mark.parametrize("seed", range(4))
 def test_random_sequences_match_a_plain_model(seed: int) -> None:
