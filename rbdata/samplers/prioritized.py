@@ -16,18 +16,9 @@ import torch
 from rbdata._torchrl_names import PRIORITIZED_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _prioritized_checks as _checks
 from rbdata.samplers._draw_state import GeneratorDrawState
-from rbdata.samplers._priority_input import (
-    capacity_and_source,
-    check_exponent,
-    device_index_and_priority,
-)
+from rbdata.samplers._priority_input import capacity_and_source, check_exponent
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import (
-    TreeBackend,
-    TreeSpec,
-    check_beyond,
-    restored_trees,
-)
+from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, restored_trees
 from rbdata.samplers._trees.cpu import CpuTrees
 from rbdata.samplers._trees.device import DeviceTrees
 from rbdata.samplers.base import Sampler, check_bool
@@ -244,21 +235,10 @@ class PrioritizedSampler(GeneratorDrawState, Sampler):
     def check_priority(self, index: Any, priority: Any) -> None:
         """Raise the error ``update_priority(index, priority)`` would raise; change nothing.
 
-        For callers that write several samplers all or nothing (a
-        :class:`~rbdata.MixedBuffer` checks every source before it writes any). On CUDA it
-        waits for the GPU: it raises a refused earlier call's error first (see
-        :meth:`check_errors`), and a total past ``0.999`` of the dtype's largest value.
-
-        Examples:
-            >>> sampler = PrioritizedSampler(4, alpha=1.0, beta=0.0)
-            >>> sampler.check_priority([0, 1], [2.0, 3.0])  # fine: nothing raised or stored
-            >>> sampler.check_priority([0], [-1.0])
-            Traceback (most recent call last):
-            ...
-            ValueError: priority: expected values >= 0, got -1.0
+        For callers that write several samplers all or nothing (:class:`~rbdata.MixedBuffer`).
+        On CUDA it waits for the GPU and raises a refused earlier call's error first.
         """
-        idx, prio = device_index_and_priority(index, priority, self.device)
-        self._trees.check(idx, prio, self._filled())
+        self._trees.check(index, priority, self._filled())
 
     def check_errors(self) -> None:
         """Raise the ``ValueError`` of the first call the device refused since the last check.

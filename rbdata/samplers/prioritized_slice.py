@@ -311,12 +311,7 @@ class PrioritizedSliceSampler(SliceSampler):
         return idx.view(-1, length), prio.double().view(-1, length)
 
     def check_priority(self, index: Any, priority: Any) -> None:
-        """Raise the error ``update_priority(index, priority)`` would raise; change nothing.
-
-        See :meth:`PrioritizedSampler.check_priority
-        <rbdata.samplers.PrioritizedSampler.check_priority>` (on CUDA it waits for the GPU).
-        """
-        self._trees.check_errors()
+        """Raise what ``update_priority`` would (see ``PrioritizedSampler``); change nothing."""
         slices = self._slices(index, priority)
         if slices is not None:
             _slice_priorities.check(self._trees, self._spec, self._span_t, *slices, self._filled())
@@ -326,10 +321,9 @@ class PrioritizedSliceSampler(SliceSampler):
         slices = self._slices(index, priority)
         if slices is None:
             return
-        items, p = slices
         filled = self._filled()
         self._max_p = _slice_priorities.apply(
-            self._trees, self._spec, self._prio, self._max_p, self._span_t, items, p, filled
+            self._trees, self._spec, self._prio, self._max_p, self._span_t, *slices, filled
         )
 
     # --- sampling -----------------------------------------------------------------------

@@ -266,7 +266,7 @@ class TreeBackend(Protocol):
     def set_new(self, index: int | torch.Tensor, priority: float | None, filled: int) -> None:
         """Give the new items at ``index`` ``priority`` (``None``: the highest seen)."""
 
-    def check(self, idx: torch.Tensor, prio: torch.Tensor, filled: int) -> None:
+    def check(self, index: Any, priority: Any, filled: int) -> None:
         """Raise the ``ValueError`` that :meth:`set` would raise (see :func:`check_update`)."""
 
     def check_new(self, index: int | torch.Tensor, priority: float | None) -> None:

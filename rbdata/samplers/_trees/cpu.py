@@ -8,7 +8,11 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata.samplers._priority_input import contiguous_cpu_pair, index_and_priority
+from rbdata.samplers._priority_input import (
+    contiguous_cpu_pair,
+    device_index_and_priority,
+    index_and_priority,
+)
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeSpec, check_new_exact, check_update, refusal
 from rbdata.samplers._trees.numba_kernels import (
@@ -112,8 +116,9 @@ class CpuTrees:
         if top > self._max:
             self._max = top
 
-    def check(self, idx: torch.Tensor, prio: torch.Tensor, filled: int) -> None:
+    def check(self, index: Any, priority: Any, filled: int) -> None:
         """Raise the ``ValueError`` :meth:`set` would raise (the exact total); change nothing."""
+        idx, prio = device_index_and_priority(index, priority, self.device)
         check_update(self.spec, self.sum_tree, idx, prio, filled, exact=True)
 
     def set_new(self, index: int | torch.Tensor, priority: float | None, filled: int) -> None:

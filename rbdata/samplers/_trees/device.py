@@ -140,14 +140,15 @@ class DeviceTrees:
             raise ValueError(refusal(self.spec, 1, int(idx[0]), 0.0, filled))
         self._update(idx, prio, filled)
 
-    def check(self, idx: torch.Tensor, prio: torch.Tensor, filled: int) -> None:
+    def check(self, index: Any, priority: Any, filled: int) -> None:
         """Raise the ``ValueError`` the device would record for :meth:`set` (waits for it).
 
         An error the device recorded for an earlier call is raised first; queued new items
-        are applied, then ``idx``/``prio`` checked as the device checks them (the total's
+        are applied, then the call is checked as the device checks it (the total's
         bound), changing nothing.
         """
         self.check_errors()
+        idx, prio = device_index_and_priority(index, priority, self.device)
         check_update(self.spec, self.sum_tree, idx, prio, filled, exact=False)
 
     def set_new(self, index: int | torch.Tensor, priority: float | None, filled: int) -> None:
