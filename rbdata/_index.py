@@ -99,6 +99,7 @@ def as_index_tensor(
     what: str = "storage",
     measure: str = "length",
     negative_base: int | None = None,
+    name: str = "index",
 ) -> torch.Tensor:
     """Convert ints, lists, arrays or tensors of indices into a checked 1-D ``LongTensor``.
 
@@ -106,7 +107,7 @@ def as_index_tensor(
     ``len`` where writes may reach its whole capacity); anything outside
     ``[-base, length)`` raises ``IndexError`` naming the first offending index and the
     length. Lists go through numpy, which converts Python ints ~3x faster than
-    ``torch.as_tensor``.
+    ``torch.as_tensor``. A ``TypeError`` (not integers) names the argument ``name``.
 
     Examples:
         >>> as_index_tensor([0, -1], 4)
@@ -118,9 +119,10 @@ def as_index_tensor(
     if isinstance(indices, torch.Tensor):
         idx = indices
         if idx.dtype == torch.bool:
-            raise TypeError("boolean masks are not supported as indices; use mask.nonzero()")
+            raise TypeError(f"{name}: expected integers, got a boolean mask (use mask.nonzero())")
         if idx.is_floating_point() or idx.is_complex():
-            raise TypeError(f"indices must be integers, got a tensor of dtype {idx.dtype}")
+            kind = str(idx.dtype).replace("torch.", "")
+            raise TypeError(f"{name}: expected integers, got a tensor of dtype {kind}")
         if idx.dtype != torch.long:
             idx = idx.long()
         if idx.dim() != 1:
@@ -146,13 +148,16 @@ def as_index_tensor(
         try:
             arr = np.array(indices)
         except (TypeError, ValueError, OverflowError) as err:
-            raise TypeError(f"indices must be integers, got {indices!r:.80}") from err
+            raise TypeError(f"{name}: expected integers, got {indices!r:.80}") from err
         if arr.size == 0:
             return torch.empty(0, dtype=torch.long)
     else:
-        raise TypeError(f"indices must be an int, a sequence or a tensor, got {type(indices)}")
+        raise TypeError(
+            f"{name}: expected integers (an int, a sequence, an array or a tensor), got "
+            f"{shown(indices)}"
+        )
     if arr.dtype.kind not in "iu":
-        raise TypeError(f"indices must be integers, got an array of dtype {arr.dtype}")
+        raise TypeError(f"{name}: expected integers, got an array of dtype {arr.dtype}")
     arr = _check_range_np(arr.reshape(-1), length, what, measure, base)
     return torch.from_numpy(np.ascontiguousarray(arr))
 

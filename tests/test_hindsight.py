@@ -436,6 +436,19 @@ def test_with_a_slice_sampler() -> None:
     assert (goal[rows, 1] == ag[rows, 1]).all() and (goal[rows, 0] >= ag[rows, 0] + 0.5).all()
 
 
+@pytest.mark.parametrize(
+    "arg", ["achieved_key", "desired_key", "reward_key", "end_key", "traj_key"]
+)
+def test_every_key_argument_is_checked(arg: str) -> None:
+    store = one_episode(5)[0].storage
+    for bad in ("", ("next", ""), ("",)):
+        with pytest.raises(ValueError, match=rf"^{arg}: expected a key of non-empty names"):
+            HindsightRelabel(store, reward_fn=fetch_reward, **{arg: bad})
+    for bad in ((), ("next", 1), 3, ["next", "done"]):
+        with pytest.raises(TypeError, match=rf"^{arg}: expected a str or a non-empty tuple"):
+            HindsightRelabel(store, reward_fn=fetch_reward, **{arg: bad})
+
+
 def test_helpful_errors() -> None:
     rb, _ = one_episode(5)
     store = rb.storage

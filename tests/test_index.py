@@ -40,14 +40,20 @@ def test_as_index_tensor_out_of_range(length: int, bad: int, negative: bool) -> 
 
 
 def test_as_index_tensor_rejects_non_integers() -> None:
-    with pytest.raises(TypeError, match="boolean masks"):
+    with pytest.raises(TypeError, match=r"^index: expected integers, got a boolean mask"):
         as_index_tensor(torch.tensor([True]), 3)
-    with pytest.raises(TypeError, match=r"dtype torch\.float32"):
+    with pytest.raises(
+        TypeError, match=r"^index: expected integers, got a tensor of dtype float32$"
+    ):
         as_index_tensor(torch.tensor([1.0]), 3)
-    with pytest.raises(TypeError, match="dtype float64"):
+    with pytest.raises(
+        TypeError, match=r"^index: expected integers, got an array of dtype float64$"
+    ):
         as_index_tensor(np.array([1.0]), 3)
-    with pytest.raises(TypeError, match="indices must be"):
+    with pytest.raises(TypeError, match=r"^index: expected integers \(an int, .*\), got <object"):
         as_index_tensor(object(), 3)
+    with pytest.raises(TypeError, match=r"^rows: expected integers"):
+        as_index_tensor([0.5], 3, name="rows")
 
 
 def test_layout_json_roundtrip_and_unknown_dtype() -> None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _mixed_data import prioritized_buffer, reference_counts, rows, storage
@@ -22,6 +23,7 @@ from rbdata import (
     EmptyBufferError,
     MixedBuffer,
     PrioritizedSampler,
+    PrioritizedSliceSampler,
     ReplayBuffer,
     SamplerWithoutReplacement,
     SliceSampler,
@@ -160,6 +162,47 @@ def test_update_priority_checks_everything_before_any_change() -> None:
         assert torch.equal(c.sampler.priority_values(), before[1])
     mixed.update_priority(torch.tensor([[3], [17]]), 4.0)  # any shape, a scalar for all
     assert a.sampler.priority_values()[3] == 4.0 and c.sampler.priority_values()[1] == 4.0
+
+
+@pytest.mark.usefixtures("tree_path")
+def test_an_overflow_in_a_later_source_changes_no_source() -> None:
+    # float32 trees: two priorities of 3e38 in source "c" overflow its total (3.4e38)
+    def make(start: float) -> ReplayBuffer:
+        sampler = PrioritizedSampler(4, alpha=1.0, beta=0.5, dtype=torch.float32)
+        rb = ReplayBuffer(TensorStorage(4), sampler)
+        rb.extend(rows(4, start))
+        return rb
+
+    a, c = make(0), make(100)
+    mixed = MixedBuffer({"a": a, "c": c}, {"a": 1, "c": 1})
+    before = (a.sampler.priority_values(), c.sampler.priority_values())
+    with pytest.raises(ValueError, match=r"total overflow.*nothing was changed"):
+        mixed.update_priority([0, 4, 5], [7.0, 3e38, 3e38])
+    a.sampler.check_errors()  # the device path: nothing deferred either
+    c.sampler.check_errors()
+    assert torch.equal(a.sampler.priority_values(), before[0])
+    assert torch.equal(c.sampler.priority_values(), before[1])
+    mixed.update_priority([0, 4, 5], [7.0, 1e38, 1e38])  # fits: both sources written
+    assert a.sampler.priority_values()[0] == 7.0
+    assert c.sampler.priority_values()[:2].tolist() == pytest.approx([1e38, 1e38], rel=1e-6)
+
+
+@pytest.mark.parametrize(
+    "index",
+    [torch.tensor([0.0]), [0.5], np.array([0.5]), 0.5],
+    ids=["tensor", "list", "array", "float"],
+)
+def test_every_update_priority_path_names_the_index_argument(index: object) -> None:
+    rb = prioritized_buffer(8, 4, 0, seed=1)
+    mixed = MixedBuffer({"a": rb, "b": storage(4, 100)}, {"a": 1, "b": 1})
+    slices = PrioritizedSliceSampler(8, slice_len=2, alpha=1.0, beta=0.5)
+    paths = [rb.update_priority, rb.sampler.update_priority, mixed.update_priority]
+    paths += [slices.update_priority, rb.sampler.check_priority]
+    before = rb.sampler.priority_values()
+    for update in paths:
+        with pytest.raises(TypeError, match=r"^index: expected integers"):
+            update(index, 1.0)
+    assert torch.equal(rb.sampler.priority_values(), before)
 
 
 def test_update_priority_without_any_prioritized_source() -> None:
@@ -313,6 +356,61 @@ def test_a_bad_state_changes_nothing() -> None:
         mixed.load_state_dict({"weights": {"a": 1}, "samplers": good["samplers"]})
     with pytest.raises(ValueError, match="expected a dict"):
         mixed.load_state_dict([])  # type: ignore[arg-type]
+
+
+def _kinds(first: str, second: str) -> MixedBuffer:
+    """Sources "a" and "b" of 16 rows sampled by a ``first`` and a ``second`` sampler."""
+
+    def sampler(kind: str, capacity: int) -> object:
+        gen = torch.Generator().manual_seed(3)
+        if kind == "prioritized":
+            return PrioritizedSampler(capacity, alpha=1.0, beta=0.5, generator=gen)
+        return UniformSampler(generator=gen)
+
+    sources = {"a": storage(16, 0), "b": storage(16, 100)}
+    samplers = {"a": sampler(first, 16), "b": sampler(second, 16)}
+    return MixedBuffer(sources, {"a": 1, "b": 1}, samplers=samplers)
+
+
+@pytest.mark.parametrize(
+    ("saved", "loaded", "name"),
+    [
+        (("uniform", "uniform"), ("uniform", "prioritized"), "b"),
+        (("uniform", "prioritized"), ("uniform", "uniform"), "b"),
+        (("uniform", "uniform"), ("prioritized", "uniform"), "a"),
+        (("prioritized", "uniform"), ("uniform", "uniform"), "a"),
+    ],
+)
+def test_a_state_of_another_sampler_kind_is_refused_and_changes_nothing(
+    saved: tuple[str, str], loaded: tuple[str, str], name: str
+) -> None:
+    state = _kinds(*saved).state_dict()
+    mixed = _kinds(*loaded)
+    if "prioritized" in loaded:
+        mixed.update_priority([0, 16], [5.0, 6.0])
+    mixed.weights = {"a": 0.25, "b": 0.75}
+    before = mixed.state_dict()
+    expected = type(mixed.samplers[name]).__name__
+    with pytest.raises(ValueError, match=rf"\['{name}'\]: expected the state of a {expected}"):
+        mixed.load_state_dict(state)
+    after = mixed.state_dict()
+    assert after["weights"] == before["weights"]
+    for source, own in before["samplers"].items():
+        assert set(after["samplers"][source]) == set(own)
+        for key, value in own.items():
+            now = after["samplers"][source][key]
+            assert torch.equal(value, now) if isinstance(value, torch.Tensor) else value == now
+
+
+def test_a_state_of_other_sources_says_how_to_load_it() -> None:
+    state = _kinds("uniform", "uniform").state_dict()
+    other = MixedBuffer({"a": storage(4, 0), "c": storage(4, 10)}, {"a": 1, "c": 1})
+    with pytest.raises(
+        ValueError,
+        match=r"saved from a mixture of the sources \['a', 'b'\], this one has \['a', 'c'\]: "
+        r"load it into a mixture built with the same sources",
+    ):
+        other.load_state_dict(state)
 
 
 # --- random operation sequences against a plain model -------------------------------------------

@@ -207,5 +207,18 @@ def test_loads_refuses_another_dataset(root: Path, tmp_path: Path) -> None:
     with pytest.raises(CheckpointError):
         MixedBuffer.loads(tmp_path)  # not a checkpoint
     renamed = MixedBuffer({"x": storage(3, 0)}, {"x": 1})
-    with pytest.raises(ValueError, match="the checkpoint holds"):
+    with pytest.raises(
+        ValueError,
+        match=r"the checkpoint holds the sources .*: build the mixture "
+        r"with the same sources, in the same order, as when it was saved",
+    ):
         renamed.load(tmp_path / "ckpt")
+    swapped = MixedBuffer(
+        {"online": _online(0), "offline": other}, {"offline": 1, "online": 1}, keys=ONLINE_KEYS
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"\('offline', 'dataset'\), \('online', 'buffer'\)\], "
+        r"this mixture has \[\('online', 'buffer'\), \('offline', 'dataset'\)\]: build",
+    ):
+        swapped.load(tmp_path / "ckpt")

@@ -205,3 +205,32 @@ def test_update_priority_with_empty_index_says_the_lengths_differ(tree_path: str
         sampler.update_priority([], [1.0])
     sampler.update_priority([], [])  # an empty update is no error
     assert_same_trees(before, sampler)
+
+
+@pytest.mark.usefixtures("tree_path")
+def test_check_priority_raises_what_update_priority_would_and_changes_nothing() -> None:
+    sampler = PrioritizedSampler(8, alpha=1.0, beta=0.5, dtype=torch.float32)
+    rb = ReplayBuffer(TensorStorage(8), sampler)
+    rb.extend(transitions(4))
+    rb.update_priority([0, 1], [3e38, 1.0])
+    bad = [
+        ([0, 4], [1.0, 1.0], "index: 4 is outside the filled range"),
+        ([0, 1], [1.0, float("nan")], "expected finite values"),
+        ([0, 1], [1.0, -2.0], "expected values >= 0"),
+        ([1, 2], [1.0, 1e39], "not finite in the tree's float32"),
+        ([1, 2], [1.0, 1e38], "total overflow"),  # 3e38 + 1e38: past float32
+    ]
+    for index, priority, match in bad:
+        before = tree_state(sampler)
+        with pytest.raises(ValueError, match=match):
+            sampler.check_priority(index, priority)
+        assert_same_trees(before, sampler)
+        with pytest.raises(ValueError, match=match):  # the update refuses it as well
+            sampler.update_priority(index, priority)
+            sampler.check_errors()  # the device path reports it here
+        assert_same_trees(before, sampler)
+    with pytest.raises(TypeError, match="index: expected integers"):
+        sampler.check_priority(torch.tensor([0.0]), [1.0])
+    before = tree_state(sampler)
+    sampler.check_priority([0, 2, 0], [1.0, 2.0, 5.0])  # fine: 3e38 at slot 0 replaced
+    assert_same_trees(before, sampler)

@@ -178,7 +178,11 @@ def load_into(mixed: Any, path: Any, verify: bool = False) -> None:
     saved = [(e["name"], e["kind"]) for e in state["sources"]]
     mine = [(s.name, s.kind) for s in sources]
     if saved != mine:
-        raise ValueError(f"sources: the checkpoint holds {saved}, this mixture has {mine}")
+        raise ValueError(
+            f"sources: the checkpoint holds the sources (name, kind) {saved}, this mixture "
+            f"has {mine}: build the mixture with the same sources, in the same order, as "
+            "when it was saved (or MixedBuffer.loads(path) to rebuild it)"
+        )
     parts = {}
     try:
         for s, entry in zip(sources, state["sources"], strict=True):

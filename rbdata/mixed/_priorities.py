@@ -25,7 +25,9 @@ def split_index(
     """
     total = sources[-1].offset + sources[-1].capacity
     try:
-        idx = as_index_tensor(index, total, "mixture", "combined capacity", negative_base=0)
+        idx = as_index_tensor(
+            index, total, "mixture", "combined capacity", negative_base=0, name=what
+        )
     except IndexError as err:
         raise IndexError(
             f"{what}: combined indices are in [0, {total}) (the sum of the sources' "

@@ -205,7 +205,9 @@ class MixedBuffer:
         """Set priorities by combined index (``batch["index"]``), each row in its source.
 
         Rows of sources whose sampler has no priorities (uniform) are skipped. Everything
-        is checked before any sampler changes.
+        is checked before any sampler changes, each source's priorities by its sampler's
+        ``check_priority`` (a tree total that would overflow included): a refused call
+        changes no source (on CUDA, a call that updates several sources waits for the GPU).
 
         Raises:
             TypeError: no source samples with priorities, or bad types.
@@ -213,7 +215,13 @@ class MixedBuffer:
             ValueError: a NaN, infinite or negative priority, or a count that is neither 1
                 nor one per index.
         """
-        for source, local, priority_i in route_priorities(self._sources, index, priority):
+        routes = route_priorities(self._sources, index, priority)
+        if len(routes) > 1:  # one sampler's own update is all or nothing already
+            for source, local, priority_i in routes:
+                check = getattr(source.sampler, "check_priority", None)
+                if callable(check):
+                    check(local, priority_i)
+        for source, local, priority_i in routes:
             source.sampler.update_priority(local, priority_i)  # type: ignore[attr-defined]
 
     # --- state and checkpoints -------------------------------------------------------------

@@ -177,6 +177,8 @@ class MixedSampler(Sampler):
         """Restore the states with ``load``; on a refusal, the loaded ones go back (``rule``)."""
         weights, states = self._check_state(state)
         saved = [rule(s.sampler) for s in self.sources]
+        for source, own in zip(self.sources, saved, strict=True):
+            _check_kind(source, own, states[source.name])
         done = 0
         try:
             for source in self.sources:
@@ -203,16 +205,42 @@ class MixedSampler(Sampler):
         if not isinstance(state, Mapping) or set(state) != {"weights", "samplers"}:
             got = sorted(state) if isinstance(state, Mapping) else type(state).__name__
             raise ValueError(f"state: expected a dict with 'weights' and 'samplers', got {got}")
+        states = state["samplers"]
+        if not isinstance(states, Mapping):
+            raise ValueError(
+                f"state['samplers']: expected a dict of the sources' sampler states, got "
+                f"{type(states).__name__}"
+            )
+        if set(states) != set(self.names):
+            got = list(states)
+            raise ValueError(
+                f"state['samplers']: the state was saved from a mixture of the sources {got}, "
+                f"this one has {self.names}: load it into a mixture built with the same "
+                "sources as when the state was saved"
+            )
         weights = state["weights"]
         try:
             check_weights(weights, self.names)
         except (TypeError, ValueError) as err:
             raise ValueError(f"state['weights']: {err}") from err
-        states = state["samplers"]
-        if not isinstance(states, Mapping) or set(states) != set(self.names):
-            got = sorted(states) if isinstance(states, Mapping) else type(states).__name__
-            raise ValueError(f"state['samplers']: expected the sources {self.names}, got {got}")
         return dict(weights), dict(states)
+
+
+def _check_kind(source: Source, own: Any, given: Any) -> None:
+    """Refuse a source's state saved from another kind of sampler (other state entries).
+
+    A sampler of another kind could take part of it (a uniform sampler the generator of a
+    prioritized one's state) and silently leave the rest (the priorities) behind.
+    """
+    if not isinstance(given, Mapping) or not isinstance(own, Mapping):
+        return  # the sampler's own load refuses it (or takes it as it is)
+    if set(given) != set(own):
+        raise ValueError(
+            f"state['samplers'][{source.name!r}]: expected the state of a "
+            f"{type(source.sampler).__name__} (entries {sorted(own)}), got one with the "
+            f"entries {sorted(given)}, saved from another kind of sampler: build the mixture "
+            "with the samplers it was saved with"
+        )
 
 
 def _full(sampler: Sampler) -> Any:

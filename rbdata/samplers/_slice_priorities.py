@@ -21,6 +21,7 @@ from rbdata.samplers._trees.cpu import CpuTrees
 
 __all__ = [
     "apply",
+    "check",
     "check_on_host",
     "checked_state",
     "reduce_slices",
@@ -140,6 +141,26 @@ def values_of(p: torch.Tensor, spec: TreeSpec) -> torch.Tensor:
     """The values ``(p + eps) ** alpha`` of priorities ``p`` (float64, a new tensor)."""
     v = p + spec.eps if spec.eps else p.clone()
     return v.pow_(spec.alpha) if spec.alpha != 1 else v
+
+
+def check(
+    trees: TreeBackend,
+    spec: TreeSpec,
+    span: torch.Tensor,
+    items: torch.Tensor,
+    p: torch.Tensor,
+    filled: int,
+) -> None:
+    """Raise the ``ValueError`` that :func:`apply` would raise (or refuse on the device).
+
+    Nothing changes; on a device it waits for the values. ``items``/``p`` as for
+    :func:`apply`.
+    """
+    check_on_host(spec, items, p, filled)
+    starts, winner, _ = reduce_slices(items, p)
+    safe = starts.clamp(0, max(filled - 1, 0))
+    values = torch.where(span[safe] > 0, values_of(winner, spec), 0.0)
+    trees.check(starts, values, filled)
 
 
 def apply(

@@ -232,6 +232,14 @@ class PrioritizedSampler(GeneratorDrawState, Sampler):
         """
         self._trees.set(index, priority, self._filled())
 
+    def check_priority(self, index: Any, priority: Any) -> None:
+        """Raise the error ``update_priority(index, priority)`` would raise; change nothing.
+
+        For callers that write several samplers all or nothing (:class:`~rbdata.MixedBuffer`).
+        On CUDA it waits for the GPU and raises a refused earlier call's error first.
+        """
+        self._trees.check(index, priority, self._filled())
+
     def check_errors(self) -> None:
         """Raise the ``ValueError`` of the first call the device refused since the last check.
 

@@ -292,12 +292,12 @@ class PrioritizedSliceSampler(SliceSampler):
         """Raise the error of a call refused on the device (see ``PrioritizedSampler``)."""
         self._trees.check_errors()
 
-    def update_priority(self, index: Any, priority: Any) -> None:
-        """Set the start priorities of the slices whose flat items are ``index`` (class doc)."""
+    def _slices(self, index: Any, priority: Any) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """``index``/``priority`` as ``[num_slices, slice_len]`` (``None``: no items)."""
         idx, prio = device_index_and_priority(index, priority, self.device)
         n = idx.shape[0]
         if n == 0:
-            return
+            return None
         per = self.slice_len or self.num_slices
         assert per is not None
         if n % per:
@@ -308,10 +308,22 @@ class PrioritizedSliceSampler(SliceSampler):
             )
         length = self.slice_len or n // per
         self._ensure(length)
+        return idx.view(-1, length), prio.double().view(-1, length)
+
+    def check_priority(self, index: Any, priority: Any) -> None:
+        """Raise what ``update_priority`` would (see ``PrioritizedSampler``); change nothing."""
+        slices = self._slices(index, priority)
+        if slices is not None:
+            _slice_priorities.check(self._trees, self._spec, self._span_t, *slices, self._filled())
+
+    def update_priority(self, index: Any, priority: Any) -> None:
+        """Set the start priorities of the slices whose flat items are ``index`` (class doc)."""
+        slices = self._slices(index, priority)
+        if slices is None:
+            return
         filled = self._filled()
-        items, p = idx.view(-1, length), prio.double().view(-1, length)
         self._max_p = _slice_priorities.apply(
-            self._trees, self._spec, self._prio, self._max_p, self._span_t, items, p, filled
+            self._trees, self._spec, self._prio, self._max_p, self._span_t, *slices, filled
         )
 
     # --- sampling -----------------------------------------------------------------------

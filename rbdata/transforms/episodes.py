@@ -33,12 +33,21 @@ _CHUNK = 65536
 
 
 def as_key(key: str | tuple[str, ...], name: str) -> Key:
-    """``key`` as a key path (a tuple of str), or raise naming the argument ``name``."""
-    if isinstance(key, str):
-        return (key,)
-    if isinstance(key, tuple) and key and all(isinstance(part, str) for part in key):
-        return key
-    raise TypeError(f"{name} must be a str or a non-empty tuple of str, got {key!r}")
+    """``key`` as a key path (a tuple of str), or raise naming the argument ``name``.
+
+    Raises:
+        TypeError: neither a str nor a non-empty tuple of str.
+        ValueError: an empty name (``""``, or ``""`` in the tuple): no entry has it.
+    """
+    path = (key,) if isinstance(key, str) else key
+    if not (isinstance(path, tuple) and path and all(isinstance(part, str) for part in path)):
+        raise TypeError(f"{name}: expected a str or a non-empty tuple of str, got {key!r}")
+    if not all(path):
+        raise ValueError(
+            f"{name}: expected a key of non-empty names (e.g. 'reward' or ('next', "
+            f"'reward')), got {key!r}"
+        )
+    return path
 
 
 def read_column(storage: Any, key: Key, slots: torch.Tensor) -> torch.Tensor:

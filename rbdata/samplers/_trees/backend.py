@@ -33,6 +33,7 @@ __all__ = [
     "TreeSpec",
     "check_beyond",
     "check_new_exact",
+    "check_update",
     "interpreting",
     "refusal",
     "restored_trees",
@@ -138,6 +139,62 @@ def check_new_exact(
         )
 
 
+def check_update(
+    spec: TreeSpec,
+    sum_tree: torch.Tensor,
+    idx: torch.Tensor,
+    prio: torch.Tensor,
+    filled: int,
+    exact: bool,
+) -> None:
+    """Raise the ``ValueError`` that storing ``prio`` at ``idx`` would raise; change nothing.
+
+    The checks of an update, in its order (the first bad item, an index outside ``[0,
+    filled)`` first, then a non-finite, negative or overflowing priority), then the new
+    total: ``exact`` (CPU trees), the exact sum with the new values in place of the slots
+    they overwrite (the last of duplicates wins), as the numba kernel refuses it; else
+    (device trees) the bound ``total + sum(new values) <= 0.999 * largest`` that the
+    device refuses past. Reads the device's values (waits for it).
+
+    Args:
+        spec: the trees' spec.
+        sum_tree: the sum tree (current: queued new items applied).
+        idx: 1-D int64 slots, on the tree's device.
+        prio: one priority per slot (float), on the tree's device.
+        filled: the number of filled slots.
+        exact: check the exact new total (CPU trees) rather than the bound.
+    """
+    n = idx.shape[0]
+    if n == 0:
+        return
+    p = prio.double().reshape(-1)
+    code = torch.where(p + spec.eps <= spec.pmax, 0, 4)
+    code = torch.where(p < 0, 3, code)
+    code = torch.where(torch.isfinite(p), code, 2)
+    code = torch.where((idx < 0) | (idx >= filled), 1, code)
+    bad = code != 0
+    if bool(bad.any()):
+        first = int(bad.to(torch.uint8).argmax())
+        raise ValueError(refusal(spec, int(code[first]), int(idx[first]), float(p[first]), filled))
+    values = p + spec.eps if spec.eps else p.clone()
+    if spec.alpha != 1:
+        values.pow_(spec.alpha)
+    total = float(sum_tree[_sumtree.ROOT])
+    bound = total + float(values.sum())
+    if bound <= 0.999 * spec.vmax:
+        return
+    if not exact:
+        raise ValueError(refusal(spec, 5, -1, 0.0, filled))
+    leaf0 = _sumtree.leaf_offset(sum_tree)
+    leaves = sum_tree[leaf0 : leaf0 + spec.capacity].double().clone()
+    slots, inverse = torch.unique(idx, return_inverse=True)
+    positions = torch.arange(n, device=idx.device)
+    last = torch.zeros_like(slots).scatter_reduce_(0, inverse, positions, "amax")
+    leaves[slots] = values[last]
+    if not bool(torch.isfinite(leaves.sum().to(spec.dtype))):
+        raise ValueError(refusal(spec, 5, -1, 0.0, filled))
+
+
 def restored_trees(
     state: dict[str, Any], spec: TreeSpec, current: TreeBackend
 ) -> tuple[torch.Tensor, torch.Tensor, float]:
@@ -208,6 +265,9 @@ class TreeBackend(Protocol):
 
     def set_new(self, index: int | torch.Tensor, priority: float | None, filled: int) -> None:
         """Give the new items at ``index`` ``priority`` (``None``: the highest seen)."""
+
+    def check(self, index: Any, priority: Any, filled: int) -> None:
+        """Raise the ``ValueError`` that :meth:`set` would raise (see :func:`check_update`)."""
 
     def check_new(self, index: int | torch.Tensor, priority: float | None) -> None:
         """Raise ``ValueError`` if new items at ``index`` overflow the total (CPU trees).

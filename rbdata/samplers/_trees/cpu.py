@@ -8,9 +8,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata.samplers._priority_input import contiguous_cpu_pair, index_and_priority
+from rbdata.samplers._priority_input import (
+    contiguous_cpu_pair,
+    device_index_and_priority,
+    index_and_priority,
+)
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import TreeSpec, check_new_exact, refusal
+from rbdata.samplers._trees.backend import TreeSpec, check_new_exact, check_update, refusal
 from rbdata.samplers._trees.numba_kernels import (
     _nb_draw_at,
     _nb_set_one,
@@ -111,6 +115,11 @@ class CpuTrees:
             raise ValueError(refusal(self.spec, code, int(idx[pos]), float(prio[pos]), filled))
         if top > self._max:
             self._max = top
+
+    def check(self, index: Any, priority: Any, filled: int) -> None:
+        """Raise the ``ValueError`` :meth:`set` would raise (the exact total); change nothing."""
+        idx, prio = device_index_and_priority(index, priority, self.device)
+        check_update(self.spec, self.sum_tree, idx, prio, filled, exact=True)
 
     def set_new(self, index: int | torch.Tensor, priority: float | None, filled: int) -> None:
         """Give new items ``priority`` (``None``: the highest seen); one slot: no conversion."""

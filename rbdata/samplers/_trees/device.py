@@ -27,7 +27,7 @@ import torch
 from rbdata.samplers._priority_input import device_index_and_priority
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees import torch_ops as _torch_tree
-from rbdata.samplers._trees.backend import TreeSpec, interpreting, refusal
+from rbdata.samplers._trees.backend import TreeSpec, check_update, interpreting, refusal
 
 __all__ = ["DeviceTrees", "triton_ready"]
 
@@ -139,6 +139,17 @@ class DeviceTrees:
         if filled == 0:  # no slot to update: refused here, a wait on the error path only
             raise ValueError(refusal(self.spec, 1, int(idx[0]), 0.0, filled))
         self._update(idx, prio, filled)
+
+    def check(self, index: Any, priority: Any, filled: int) -> None:
+        """Raise the ``ValueError`` the device would record for :meth:`set` (waits for it).
+
+        An error the device recorded for an earlier call is raised first; queued new items
+        are applied, then the call is checked as the device checks it (the total's
+        bound), changing nothing.
+        """
+        self.check_errors()
+        idx, prio = device_index_and_priority(index, priority, self.device)
+        check_update(self.spec, self.sum_tree, idx, prio, filled, exact=False)
 
     def set_new(self, index: int | torch.Tensor, priority: float | None, filled: int) -> None:
         """Queue new items' slots for ``priority`` (``None``: the highest seen).
