@@ -62,6 +62,9 @@ class TensorStorage(Storage):
         # says when, and the write paths rebuild them first (``rbdata/storages/_memory.py``).
         self._np_buffers: list[np.ndarray] | None = None
         self._guard: _memory.Guard = ()
+        # held by every write path from its pointer check to its last byte, and by the moves
+        # of the memory a pickle makes: no write lands in a block being left (see _memory)
+        self._move_lock = _memory.move_lock()
         # the file mappings under the buffers, for storages that map files (torch follows them)
         self._mapped: list[_memory.Mapping | None] | None = None
         self._unpacker: ItemUnpacker | None = None  # see add_fast
@@ -127,16 +130,31 @@ class TensorStorage(Storage):
         return self._tensors()
 
     def __getstate__(self) -> dict[str, Any]:
+        """The storage, its CPU buffers as a :class:`~rbdata.storages._memory.Shipment`.
+
+        For another process (``ForkingPickler``) the memory moves to shared memory under the
+        write lock and is shared; any other pickle sends one copy of each leaf's bytes.
+        """
         state = self.__dict__.copy()
-        state["_buffers"] = self._tensors()
+        buffers = self._tensors()
+        layout = self._layout
+        if layout is not None and self._mapped is None and self._device.type == "cpu":
+            state["_buffers"] = _memory.Shipment(buffers, layout.leaves, self._move_lock)
+        else:  # CUDA (torch's own sharing), or file mappings (the files are the memory)
+            state["_buffers"] = buffers
         # numpy views would pickle as copies, mappings are this process's: rebuilt on arrival
         state["_np_buffers"] = state["_mapped"] = None
         state["_guard"] = ()
         state["_unpack"] = state["_unpacker"] = None
+        state["_move_lock"] = None  # a lock is this process's: a new one on arrival
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
+        buffers = state["_buffers"]
         self.__dict__.update(state)
+        if isinstance(buffers, _memory.Shipment):  # copy.copy: the same memory, not a pickle
+            self._buffers = buffers.buffers
+        self._move_lock = _memory.move_lock()
         if self._layout is not None:
             self._set_buffers(self._buffers, self._layout)
 
@@ -171,24 +189,24 @@ class TensorStorage(Storage):
         return prepared
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:
-        buffers = self._tensors()
         runs = target.runs
-        if runs is not None:
-            if len(runs) == 1:
+        with self._move_lock:  # no move of the memory while torch copies into it
+            buffers = self._tensors()
+            if runs is None:
+                index = target.slots()
+                idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
+                for buf, t in zip(buffers, payload, strict=True):
+                    buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
+            elif len(runs) == 1:
                 for buf, t in zip(buffers, payload, strict=True):
                     buf[runs[0]].copy_(t)
-                return
-            offset = 0
-            for run in runs:
-                stop = offset + run.stop - run.start
-                for buf, t in zip(buffers, payload, strict=True):
-                    buf[run].copy_(t[offset:stop])
-                offset = stop
-            return
-        index = target.slots()
-        idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
-        for buf, t in zip(buffers, payload, strict=True):
-            buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
+            else:
+                offset = 0
+                for run in runs:
+                    stop = offset + run.stop - run.start
+                    for buf, t in zip(buffers, payload, strict=True):
+                        buf[run].copy_(t[offset:stop])
+                    offset = stop
 
     def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One item through numpy row writes, if its leaves match the layout exactly."""
@@ -211,12 +229,13 @@ class TensorStorage(Storage):
         arrays = self._np_buffers
         if arrays is None or self._closed:
             return False
-        for t, ptr in self._guard:  # torch moved the memory (pickled, shared): views anew
-            if t.data_ptr() != ptr:
-                arrays = self._bind_views()
-                assert arrays is not None
-        for arr, value in zip(arrays, values, strict=True):
-            arr[slot] = value
+        with self._move_lock:  # no move between the check and the last byte (see _memory)
+            for t, ptr in self._guard:  # torch moved the memory (pickled, shared): views anew
+                if t.data_ptr() != ptr:
+                    arrays = self._bind_views()
+                    assert arrays is not None
+            for arr, value in zip(arrays, values, strict=True):
+                arr[slot] = value
         top = slot + 1
         if top > self._length:
             self._length = top
@@ -246,15 +265,16 @@ class TensorStorage(Storage):
     def _put_rows(self, start: int, n: int, values: list[Any]) -> int:
         """Assign a batch to the ring slots from ``start``; return one past the top slot."""
         end, cap = start + n, self.capacity
-        arrays: list[Any] = self._views()  # type: ignore[assignment]  # set with _unpacker
-        if end <= cap:
+        with self._move_lock:  # no move between the check and the last byte (see _memory)
+            arrays: list[Any] = self._views()  # type: ignore[assignment]  # set with _unpacker
+            if end <= cap:
+                for arr, value in zip(arrays, values, strict=True):
+                    arr[start:end] = value
+                return end
+            k = cap - start
             for arr, value in zip(arrays, values, strict=True):
-                arr[start:end] = value
-            return end
-        k = cap - start
-        for arr, value in zip(arrays, values, strict=True):
-            arr[start:] = value[:k]
-            arr[: end - cap] = value[k:]
+                arr[start:] = value[:k]
+                arr[: end - cap] = value[k:]
         return cap
 
     def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
@@ -281,14 +301,15 @@ class TensorStorage(Storage):
         return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
-        arrays = self._views()
-        values = None if arrays is None else numpy_views(payload)
-        if values is not None:
-            for arr, value in zip(arrays, values, strict=True):  # type: ignore[arg-type]
-                arr[index] = value
-            return
-        for buf, t in zip(self._tensors(), payload, strict=True):
-            buf[index] = t
+        with self._move_lock:  # no move between the check and the last byte (see _memory)
+            arrays = self._views()
+            values = None if arrays is None else numpy_views(payload)
+            if values is not None:
+                for arr, value in zip(arrays, values, strict=True):  # type: ignore[arg-type]
+                    arr[index] = value
+                return
+            for buf, t in zip(self._tensors(), payload, strict=True):
+                buf[index] = t
 
     def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """The items at ``idx``: one ``index_select`` per leaf on the storage's device."""
@@ -372,7 +393,8 @@ class TensorStorage(Storage):
             return super().copy_from(src)
         from rbdata.storages.memmap import _persist
 
-        _persist.copy_tensors(self, src)
+        with self._move_lock:  # torch copies into the buffers: no move meanwhile
+            _persist.copy_tensors(self, src)
         self._items_written += len(src)  # whatever class: see Storage.items_written
 
     @classmethod
