@@ -45,7 +45,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._layout import Leaf
+from rbdata._layout import Layout, Leaf
 
 __all__ = [
     "ALIGN",
@@ -55,13 +55,16 @@ __all__ = [
     "Mapping",
     "Shipment",
     "arena",
+    "bind",
     "guard",
     "huge_block",
     "mapping",
     "move_lock",
     "moved",
     "rebind",
+    "received",
     "share",
+    "ship",
     "unpack_arena",
 ]
 
@@ -175,6 +178,33 @@ def moved(watch: Guard) -> bool:
 Mapping = tuple[np.ndarray[Any, Any], int]
 
 
+def bind(
+    buffers: Sequence[torch.Tensor], mapped: Sequence[Mapping | None] | None
+) -> tuple[list[np.ndarray[Any, Any]] | None, Guard]:
+    """Numpy views of CPU ``buffers`` for the write paths, and the guard that watches them.
+
+    ``mapped``: the file mappings under the buffers (:func:`mapping`; ``None``: torch's
+    memory). Views of a mapping are views of the mapping itself, which the storage holds:
+    nothing to watch. ``(None, ())``: no views (a GPU buffer, a dtype numpy lacks).
+
+    Examples:
+        >>> import torch
+        >>> views, watch = bind([torch.zeros(3), torch.zeros(3, dtype=torch.int64)], None)
+        >>> [v.dtype.name for v in views], len(watch)
+        (['float32', 'int64'], 2)
+    """
+    try:
+        views = [b.numpy() for b in buffers]  # refused off the CPU
+    except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
+        return None, ()
+    if mapped is None:
+        return views, guard(buffers)
+    return [
+        v if got is None else got[0].view(v.dtype).reshape(v.shape)
+        for v, got in zip(views, mapped, strict=True)
+    ], ()
+
+
 def mapping(raw: np.ndarray[Any, Any]) -> Mapping:
     """``raw`` (a ``uint8`` numpy array over a file mapping) and its address, for :func:`rebind`."""
     return raw, int(raw.__array_interface__["data"][0])
@@ -279,6 +309,23 @@ class Shipment:
 
 
 ForkingPickler.register(Shipment, Shipment.reduce_for_process)
+
+
+def ship(
+    buffers: list[torch.Tensor], layout: Layout | None, lock: threading.RLock
+) -> list[torch.Tensor] | Shipment:
+    """What a storage pickles for ``buffers``: CPU ones as a :class:`Shipment`, others as is.
+
+    A GPU storage's buffers travel as torch sends them (CUDA handles for another process).
+    """
+    if layout is None or not buffers or not all(b.is_cpu for b in buffers):
+        return buffers
+    return Shipment(buffers, layout.leaves, lock)
+
+
+def received(buffers: list[torch.Tensor] | Shipment) -> list[torch.Tensor]:
+    """The buffers a storage unpickled: a pickle gives a list, ``copy.copy`` the Shipment."""
+    return buffers.buffers if isinstance(buffers, Shipment) else buffers
 
 
 def unpack_arena(

@@ -62,9 +62,7 @@ class TensorStorage(Storage):
         # says when, and the write paths rebuild them first (``rbdata/storages/_memory.py``).
         self._np_buffers: list[np.ndarray] | None = None
         self._guard: _memory.Guard = ()
-        # held by every write path from its pointer check to its last byte, and by the moves
-        # of the memory a pickle makes: no write lands in a block being left (see _memory)
-        self._move_lock = _memory.move_lock()
+        self._move_lock = _memory.move_lock()  # writes against moves of the memory (_memory)
         # the file mappings under the buffers, for storages that map files (torch follows them)
         self._mapped: list[_memory.Mapping | None] | None = None
         self._unpacker: ItemUnpacker | None = None  # see add_fast
@@ -92,22 +90,8 @@ class TensorStorage(Storage):
 
     def _bind_views(self) -> list[np.ndarray] | None:
         """(Re)build the numpy views of the buffers and the guard that watches their memory."""
-        views: list[np.ndarray] | None = None
-        if self.device.type == "cpu":
-            try:
-                views = [b.numpy() for b in self._tensors()]
-            except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
-                views = None
-        if views is not None and self._mapped is not None:  # views of the mapping itself
-            views = [
-                v if got is None else got[0].view(v.dtype).reshape(v.shape)
-                for v, got in zip(views, self._mapped, strict=True)
-            ]
+        views, self._guard = _memory.bind(self._tensors(), self._mapped)
         self._np_buffers = views
-        # mapped views stay on the mapping the storage holds: nothing to watch on writes
-        self._guard = (
-            () if views is None or self._mapped is not None else _memory.guard(self._buffers)
-        )
         return views
 
     def _views(self) -> list[np.ndarray] | None:
@@ -130,30 +114,18 @@ class TensorStorage(Storage):
         return self._tensors()
 
     def __getstate__(self) -> dict[str, Any]:
-        """The storage, its CPU buffers as a :class:`~rbdata.storages._memory.Shipment`.
-
-        For another process (``ForkingPickler``) the memory moves to shared memory under the
-        write lock and is shared; any other pickle sends one copy of each leaf's bytes.
-        """
         state = self.__dict__.copy()
-        buffers = self._tensors()
-        layout = self._layout
-        if layout is not None and self._mapped is None and self._device.type == "cpu":
-            state["_buffers"] = _memory.Shipment(buffers, layout.leaves, self._move_lock)
-        else:  # CUDA (torch's own sharing), or file mappings (the files are the memory)
-            state["_buffers"] = buffers
-        # numpy views would pickle as copies, mappings are this process's: rebuilt on arrival
-        state["_np_buffers"] = state["_mapped"] = None
+        # CPU buffers: shared memory for another process, else each leaf's bytes once (_memory)
+        state["_buffers"] = _memory.ship(self._tensors(), self._layout, self._move_lock)
+        # numpy views would pickle as copies, mappings and locks are this process's: anew
+        state["_np_buffers"] = state["_mapped"] = state["_move_lock"] = None
         state["_guard"] = ()
         state["_unpack"] = state["_unpacker"] = None
-        state["_move_lock"] = None  # a lock is this process's: a new one on arrival
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
-        buffers = state["_buffers"]
         self.__dict__.update(state)
-        if isinstance(buffers, _memory.Shipment):  # copy.copy: the same memory, not a pickle
-            self._buffers = buffers.buffers
+        self._buffers = _memory.received(self._buffers)  # copy.copy passes the Shipment on
         self._move_lock = _memory.move_lock()
         if self._layout is not None:
             self._set_buffers(self._buffers, self._layout)
