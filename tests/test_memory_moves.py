@@ -367,11 +367,25 @@ def test_pickle_for_another_process_still_shares_the_memory() -> None:
     """``ForkingPickler`` sends shared-memory handles: no copy, later writes are seen."""
     rb = ReplayBuffer(TensorStorage(16))
     rb.extend({"x": torch.zeros(16, 2), "y": torch.zeros(16, dtype=torch.int64)})
-    blob = ForkingPickler.dumps(rb)
+    blob = ForkingPickler.dumps([rb, rb.storage, rb])  # the lock is not held across parts
     assert len(blob) < 8 * 1024  # handles, not the data
-    got = ForkingPickler.loads(blob)
+    got, storage, again = ForkingPickler.loads(blob)
+    assert storage is got.storage and again is got
     assert _one_block(got.storage) and all(b.is_shared() for b in rb.storage.buffers)
     rb.add({"x": torch.full((2,), 3.0), "y": torch.tensor(9)})  # the per-step path, slot 0
     assert got.storage[0]["x"].tolist() == [3.0, 3.0] and int(got.storage[0]["y"]) == 9
     got.storage.set(1, {"x": torch.full((2,), 4.0), "y": torch.tensor(8)})
     assert rb.storage[1]["x"].tolist() == [4.0, 4.0]
+
+
+def test_shipment_refuses_parts_that_do_not_match() -> None:
+    from rbdata._layout import Leaf
+
+    leaves = [Leaf("a", (2,), torch.float32), Leaf("b", (), torch.int64)]
+    bufs = _memory.arena(3, leaves)
+    with pytest.raises(ValueError, match="buffers: one per leaf, got 1 for 2"):
+        _memory.Shipment(bufs[:1], leaves, _memory.move_lock())
+    with pytest.raises(
+        ValueError, match=r"data: 48 bytes for 3 items of 2 leaves, got uint8 \(47,\)"
+    ):
+        _memory.unpack_arena(3, leaves, np.zeros(47, np.uint8))  # 3 x (2 x 4 + 8) bytes
