@@ -234,3 +234,158 @@ def test_rebind_follows_each_mapping_and_refuses_a_mismatch() -> None:
     assert not _memory.rebind(buffers, mapped)  # nothing moved since
     with pytest.raises(ValueError, match="3 buffers for 2 mappings"):
         _memory.rebind(buffers, mapped[:2])
+
+
+CONCURRENT_CHILD = """
+import threading
+import time
+from multiprocessing.reduction import ForkingPickler
+
+import torch
+from tensordict import TensorDict
+
+from rbdata import ReplayBuffer, TensorStorage
+
+CAP, LEAVES = 100_000, 8  # a 12.8 MB arena: its copy into shared memory takes milliseconds
+
+
+def batch(ks, dtype=torch.float32):
+    col = torch.tensor(list(ks), dtype=dtype)[:, None].expand(-1, 4).contiguous()
+    return TensorDict({f"l{i}": col for i in range(LEAVES)}, [len(col)])
+
+
+def one(k):
+    return {f"l{i}": torch.full((4,), float(k)) for i in range(LEAVES)}
+
+
+def write(rb, path, k):
+    # items k, k + 1, ... at slots k, k + 1, ... through one write path; returns the next k
+    if path == "add":  # the per-step path (add_fast, write_row)
+        rb.add(one(k))
+        return k + 1
+    if path == "extend":  # small batches through numpy rows (extend_fast, write_rows)
+        rb.extend(batch(range(k, k + 4)))
+        return k + 4
+    if path == "extend-cast":  # float64 data: the torch path (commit, slice copies)
+        rb.extend(batch(range(k, k + 4), torch.float64))
+        return k + 4
+    if path == "set-one":  # one slot (the per-item write)
+        rb.storage.set(k, one(k))
+        return k + 1
+    slots = list(range(k + 3, k - 1, -1))  # scattered slots: index_copy_
+    rb.storage.set(torch.tensor(slots), batch(slots))
+    return k + 4
+
+
+lost = {}
+for path in ("add", "extend", "extend-cast", "set-one", "set-slots"):
+    rb = ReplayBuffer(TensorStorage(CAP))
+    rb.extend(batch([0]))
+    done, stop = [1], threading.Event()
+
+    def writer():
+        k = 1
+        while not stop.is_set() and k < CAP - 8:
+            k = done[0] = write(rb, path, k)
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    while done[0] < 300 and thread.is_alive():
+        time.sleep(0.001)
+    for _ in range(3):  # what a spawn DataLoader does; the first one moves the memory
+        ForkingPickler.dumps(rb.storage)
+    start = done[0]
+    while done[0] < start + 300 and thread.is_alive():
+        time.sleep(0.001)
+    stop.set()
+    thread.join()
+    n = done[0]
+    want = torch.arange(n, dtype=torch.float32)[:, None].expand(-1, 4)
+    lost[path] = sum(int((b[:n] != want).any(1).sum()) for b in rb.storage.buffers)
+    assert rb.storage.buffers[0].is_shared()
+print(lost)
+assert not any(lost.values()), lost
+print("OK")
+"""
+
+
+def test_no_write_lost_to_a_concurrent_pickle_for_another_process() -> None:
+    """A thread writes through every write path while another pickles the storage for spawn.
+
+    Each row holds its write number: every row written is checked (the original code lost
+    hundreds per path, a write into the block being left; or crashed on freed memory).
+    """
+    done = run_child(CONCURRENT_CHILD, timeout=240)
+    assert done.returncode == 0 and done.stdout.strip().endswith("OK"), (
+        f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
+    )
+
+
+def _eight_leaves(n: int) -> dict[str, torch.Tensor]:
+    ks = torch.arange(n)
+    dtypes = [torch.float32, torch.int64, torch.bool, torch.float64]
+    dtypes += [torch.int16, torch.uint8, torch.bfloat16, torch.int32]
+    widths = [4, 1, 3, 2, 5, 7, 2, 1]
+    return {
+        f"l{i}": (ks[:, None] * (i + 1) % 251).to(dtype).expand(-1, w).contiguous()
+        for i, (dtype, w) in enumerate(zip(dtypes, widths, strict=True))
+    }
+
+
+def _one_block(storage: TensorStorage) -> bool:
+    return len({b.untyped_storage().data_ptr() for b in storage.buffers}) == 1
+
+
+@pytest.mark.parametrize("how", ["pickle", "cloudpickle", "deepcopy"])
+def test_plain_pickle_sends_the_data_once_and_loads_one_arena(how: str) -> None:
+    import copy
+    import pickle
+
+    n = 40_000
+    storage = TensorStorage(n)
+    data = _eight_leaves(n)
+    storage.set(slice(0, n), data)
+    data_bytes = sum(t.numel() * t.element_size() for t in data.values())  # independent
+    if how == "deepcopy":
+        got = copy.deepcopy(storage)
+    else:
+        dumps = pytest.importorskip("cloudpickle").dumps if how == "cloudpickle" else pickle.dumps
+        blob = dumps(storage)
+        assert len(blob) <= 1.1 * data_bytes + 64 * 1024, (len(blob), data_bytes)
+        got = pickle.loads(blob)
+    assert _one_block(got)
+    assert got.buffers[0].untyped_storage().data_ptr() != storage.buffers[0].data_ptr()
+    assert len(got) == n
+    for key, want in data.items():
+        assert torch.equal(got[torch.arange(n)][key], want), key
+    got.set(0, {k: v[1] for k, v in data.items()})  # a copy: the original keeps its rows
+    assert torch.equal(storage[0]["l0"], data["l0"][0])
+    assert torch.equal(got[0]["l0"], data["l0"][1])
+
+
+def test_pickle_for_another_process_still_shares_the_memory() -> None:
+    """``ForkingPickler`` sends shared-memory handles: no copy, later writes are seen."""
+    rb = ReplayBuffer(TensorStorage(16))
+    rb.extend({"x": torch.zeros(16, 2), "y": torch.zeros(16, dtype=torch.int64)})
+    blob = ForkingPickler.dumps([rb, rb.storage, rb])  # the lock is not held across parts
+    assert len(blob) < 8 * 1024  # handles, not the data
+    got, storage, again = ForkingPickler.loads(blob)
+    assert storage is got.storage and again is got
+    assert _one_block(got.storage) and all(b.is_shared() for b in rb.storage.buffers)
+    rb.add({"x": torch.full((2,), 3.0), "y": torch.tensor(9)})  # the per-step path, slot 0
+    assert got.storage[0]["x"].tolist() == [3.0, 3.0] and int(got.storage[0]["y"]) == 9
+    got.storage.set(1, {"x": torch.full((2,), 4.0), "y": torch.tensor(8)})
+    assert rb.storage[1]["x"].tolist() == [4.0, 4.0]
+
+
+def test_shipment_refuses_parts_that_do_not_match() -> None:
+    from rbdata._layout import Leaf
+
+    leaves = [Leaf("a", (2,), torch.float32), Leaf("b", (), torch.int64)]
+    bufs = _memory.arena(3, leaves)
+    with pytest.raises(ValueError, match="buffers: one per leaf, got 1 for 2"):
+        _memory.Shipment(bufs[:1], leaves, _memory.move_lock())
+    with pytest.raises(
+        ValueError, match=r"data: 48 bytes for 3 items of 2 leaves, got uint8 \(47,\)"
+    ):
+        _memory.unpack_arena(3, leaves, np.zeros(47, np.uint8))  # 3 x (2 x 4 + 8) bytes

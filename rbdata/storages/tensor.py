@@ -62,6 +62,7 @@ class TensorStorage(Storage):
         # says when, and the write paths rebuild them first (``rbdata/storages/_memory.py``).
         self._np_buffers: list[np.ndarray] | None = None
         self._guard: _memory.Guard = ()
+        self._move_lock = _memory.move_lock()  # writes against moves of the memory (_memory)
         # the file mappings under the buffers, for storages that map files (torch follows them)
         self._mapped: list[_memory.Mapping | None] | None = None
         self._unpacker: ItemUnpacker | None = None  # see add_fast
@@ -89,22 +90,8 @@ class TensorStorage(Storage):
 
     def _bind_views(self) -> list[np.ndarray] | None:
         """(Re)build the numpy views of the buffers and the guard that watches their memory."""
-        views: list[np.ndarray] | None = None
-        if self.device.type == "cpu":
-            try:
-                views = [b.numpy() for b in self._tensors()]
-            except (RuntimeError, TypeError):  # e.g. bfloat16 has no numpy dtype
-                views = None
-        if views is not None and self._mapped is not None:  # views of the mapping itself
-            views = [
-                v if got is None else got[0].view(v.dtype).reshape(v.shape)
-                for v, got in zip(views, self._mapped, strict=True)
-            ]
+        views, self._guard = _memory.bind(self._tensors(), self._mapped)
         self._np_buffers = views
-        # mapped views stay on the mapping the storage holds: nothing to watch on writes
-        self._guard = (
-            () if views is None or self._mapped is not None else _memory.guard(self._buffers)
-        )
         return views
 
     def _views(self) -> list[np.ndarray] | None:
@@ -128,15 +115,18 @@ class TensorStorage(Storage):
 
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
-        state["_buffers"] = self._tensors()
-        # numpy views would pickle as copies, mappings are this process's: rebuilt on arrival
-        state["_np_buffers"] = state["_mapped"] = None
+        # CPU buffers: shared memory for another process, else each leaf's bytes once (_memory)
+        state["_buffers"] = _memory.ship(self._tensors(), self._layout, self._move_lock)
+        # numpy views would pickle as copies, mappings and locks are this process's: anew
+        state["_np_buffers"] = state["_mapped"] = state["_move_lock"] = None
         state["_guard"] = ()
         state["_unpack"] = state["_unpacker"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
+        self._buffers = _memory.received(self._buffers)  # copy.copy passes the Shipment on
+        self._move_lock = _memory.move_lock()
         if self._layout is not None:
             self._set_buffers(self._buffers, self._layout)
 
@@ -171,24 +161,24 @@ class TensorStorage(Storage):
         return prepared
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:
-        buffers = self._tensors()
         runs = target.runs
-        if runs is not None:
-            if len(runs) == 1:
+        with self._move_lock:  # no move of the memory while torch copies into it
+            buffers = self._tensors()
+            if runs is None:
+                index = target.slots()
+                idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
+                for buf, t in zip(buffers, payload, strict=True):
+                    buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
+            elif len(runs) == 1:
                 for buf, t in zip(buffers, payload, strict=True):
                     buf[runs[0]].copy_(t)
-                return
-            offset = 0
-            for run in runs:
-                stop = offset + run.stop - run.start
-                for buf, t in zip(buffers, payload, strict=True):
-                    buf[run].copy_(t[offset:stop])
-                offset = stop
-            return
-        index = target.slots()
-        idx = index.to(self.device, non_blocking=index.is_cpu)  # host to GPU: no wait
-        for buf, t in zip(buffers, payload, strict=True):
-            buf.index_copy_(0, idx, t.to(device=buf.device, dtype=buf.dtype))
+            else:
+                offset = 0
+                for run in runs:
+                    stop = offset + run.stop - run.start
+                    for buf, t in zip(buffers, payload, strict=True):
+                        buf[run].copy_(t[offset:stop])
+                    offset = stop
 
     def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One item through numpy row writes, if its leaves match the layout exactly."""
@@ -211,12 +201,13 @@ class TensorStorage(Storage):
         arrays = self._np_buffers
         if arrays is None or self._closed:
             return False
-        for t, ptr in self._guard:  # torch moved the memory (pickled, shared): views anew
-            if t.data_ptr() != ptr:
-                arrays = self._bind_views()
-                assert arrays is not None
-        for arr, value in zip(arrays, values, strict=True):
-            arr[slot] = value
+        with self._move_lock:  # no move between the check and the last byte (see _memory)
+            for t, ptr in self._guard:  # torch moved the memory (pickled, shared): views anew
+                if t.data_ptr() != ptr:
+                    arrays = self._bind_views()
+                    assert arrays is not None
+            for arr, value in zip(arrays, values, strict=True):
+                arr[slot] = value
         top = slot + 1
         if top > self._length:
             self._length = top
@@ -246,15 +237,16 @@ class TensorStorage(Storage):
     def _put_rows(self, start: int, n: int, values: list[Any]) -> int:
         """Assign a batch to the ring slots from ``start``; return one past the top slot."""
         end, cap = start + n, self.capacity
-        arrays: list[Any] = self._views()  # type: ignore[assignment]  # set with _unpacker
-        if end <= cap:
+        with self._move_lock:  # no move between the check and the last byte (see _memory)
+            arrays: list[Any] = self._views()  # type: ignore[assignment]  # set with _unpacker
+            if end <= cap:
+                for arr, value in zip(arrays, values, strict=True):
+                    arr[start:end] = value
+                return end
+            k = cap - start
             for arr, value in zip(arrays, values, strict=True):
-                arr[start:end] = value
-            return end
-        k = cap - start
-        for arr, value in zip(arrays, values, strict=True):
-            arr[start:] = value[:k]
-            arr[: end - cap] = value[k:]
+                arr[start:] = value[:k]
+                arr[: end - cap] = value[k:]
         return cap
 
     def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
@@ -281,14 +273,15 @@ class TensorStorage(Storage):
         return True
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
-        arrays = self._views()
-        values = None if arrays is None else numpy_views(payload)
-        if values is not None:
-            for arr, value in zip(arrays, values, strict=True):  # type: ignore[arg-type]
-                arr[index] = value
-            return
-        for buf, t in zip(self._tensors(), payload, strict=True):
-            buf[index] = t
+        with self._move_lock:  # no move between the check and the last byte (see _memory)
+            arrays = self._views()
+            values = None if arrays is None else numpy_views(payload)
+            if values is not None:
+                for arr, value in zip(arrays, values, strict=True):  # type: ignore[arg-type]
+                    arr[index] = value
+                return
+            for buf, t in zip(self._tensors(), payload, strict=True):
+                buf[index] = t
 
     def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """The items at ``idx``: one ``index_select`` per leaf on the storage's device."""
@@ -372,7 +365,8 @@ class TensorStorage(Storage):
             return super().copy_from(src)
         from rbdata.storages.memmap import _persist
 
-        _persist.copy_tensors(self, src)
+        with self._move_lock:  # torch copies into the buffers: no move meanwhile
+            _persist.copy_tensors(self, src)
         self._items_written += len(src)  # whatever class: see Storage.items_written
 
     @classmethod
