@@ -5,6 +5,11 @@ subdirectories themselves. A new checkpoint is written to a fresh ``.tmp-*`` sub
 fsync'ed, renamed to ``ckpt-*``, and made live by replacing ``CURRENT`` with an atomic file
 rename. At every moment ``CURRENT`` names a complete checkpoint: a process killed midway
 leaves the previous one live, and its leftovers are removed by the next successful write.
+
+A reader resolves ``CURRENT`` once and reads that one subdirectory (:func:`read_live`): it
+never mixes two generations. A writer publishing meanwhile removes the generation the reader
+is reading; the reader then fails on a missing file, sees that ``CURRENT`` moved, and reads
+the new generation instead (an error while ``CURRENT`` stays put is the checkpoint's own).
 """
 
 from __future__ import annotations
@@ -14,17 +19,23 @@ import re
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
 
 from rbdata._files import open_nofollow
 from rbdata.errors import CheckpointError
 
-__all__ = ["CURRENT", "fsync_dir", "live_dir", "new_staging", "publish"]
+__all__ = ["CURRENT", "fsync_dir", "live_dir", "new_staging", "publish", "read_live"]
 
 CURRENT = "CURRENT"
 _LIVE = "ckpt-"
 _STAGING = ".tmp-"
 _LIVE_NAME = re.compile(r"ckpt-[0-9a-f]{1,40}")
+#: how many generations a reader tries before giving up on a path that keeps changing
+_READ_TRIES = 100
+
+T = TypeVar("T")
 
 
 def fsync_dir(path: Path, fsync: bool = True) -> None:
@@ -121,3 +132,39 @@ def live_dir(path: Path) -> Path:
     if not live.is_dir():
         raise CheckpointError(f"{pointer}: names {name!r}, which is missing")
     return live
+
+
+def _pointer(path: Path) -> str | None:
+    """The name ``CURRENT`` holds now (``None`` if it cannot be read)."""
+    try:
+        with open_nofollow(path / CURRENT, "rb") as f:
+            return f.read(256).decode("utf-8").strip()
+    except (OSError, ValueError):
+        return None
+
+
+def read_live(path: Path, read: Callable[[Path], T]) -> T:
+    """``read(live)`` on the live directory of ``path``; again if ``CURRENT`` moved meanwhile.
+
+    A ``dumps`` in another process that publishes while ``read`` runs removes the directory
+    being read: ``read`` fails (a missing file, most often). If ``CURRENT`` then names
+    another directory, ``read`` runs again on that one, so a reader gets one whole
+    generation, old or new, and an error only for a checkpoint that is itself broken.
+
+    Raises:
+        CheckpointError: what :func:`live_dir` raises; or ``CURRENT`` moved during each of
+            100 reads in a row (the message says so).
+        Exception: what ``read`` raised, while ``CURRENT`` still names the same directory.
+    """
+    for _ in range(_READ_TRIES):
+        seen = _pointer(path)
+        try:
+            return read(live_dir(path))
+        except Exception:
+            now = _pointer(path)
+            if seen is None or now is None or now == seen:
+                raise
+    raise CheckpointError(
+        f"{str(path)!r}: the checkpoint changed during each of {_READ_TRIES} reads in a row "
+        "(another process dumps to it continuously); load it when the writer pauses"
+    )

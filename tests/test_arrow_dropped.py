@@ -133,6 +133,31 @@ def test_a_reading_copy_never_flushes_the_owners_rows(tmp_path: Path) -> None:
     assert read_with_pyarrow(path)["id"] == list(range(15))
 
 
+def test_closing_a_storage_that_wrote_nothing_writes_no_file(tmp_path: Path) -> None:
+    """Only read since it was opened: ``close`` writes nothing (a read-only cache, a reader).
+
+    A reading copy closed after its owner moved on used to publish its own, stale metadata
+    over the owner's (the owner's later rows lost on reopen).
+    """
+    path = tmp_path / "rb"
+    owner = ArrowStorage(40, path=path, chunk_size=8)
+    owner.set(slice(0, 13), rows(range(13)))
+    owner.flush()
+    reader = ArrowStorage.open(path, recover=False)
+    opened = ArrowStorage.open(path)
+    owner.set(slice(13, 20), rows(range(13, 20)))
+    owner.flush()
+    files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.iterdir()}
+    assert reader[torch.arange(13)]["id"].tolist() == list(range(13))
+    reader.close()
+    opened.close()
+    assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.iterdir()} == files
+    owner.close()
+    again = ArrowStorage.open(path)
+    assert again[torch.arange(len(again))]["id"].tolist() == list(range(20))
+    again.close()
+
+
 def test_a_forked_child_that_exits_does_not_flush_the_parents_storage(tmp_path: Path) -> None:
     code = f"""
     import os, sys

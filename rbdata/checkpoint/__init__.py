@@ -20,7 +20,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, TypeVar
 
-from rbdata._atomic import fsync_dir, live_dir, new_staging, publish
+from rbdata._atomic import fsync_dir, new_staging, publish, read_live
 from rbdata._files import atomic_write_json
 from rbdata.checkpoint._checksum import ALGORITHM
 from rbdata.checkpoint._checksum import verify as verify_files
@@ -254,6 +254,10 @@ def load(path: Any, verify: bool = False) -> Components:
     ranges, file names (plain names inside the checkpoint; symlinks refused), file sizes
     against the metadata, and component sizes against the data actually present.
 
+    A :func:`dump` to ``path`` by another process during the load is safe: the load
+    returns one whole generation, the one ``CURRENT`` named when it started or a later one
+    (it reads again when the generation it read was replaced meanwhile).
+
     Args:
         path: the checkpoint directory.
         verify: also check every file against the checksum recorded by :func:`dump`
@@ -269,7 +273,12 @@ def load(path: Any, verify: bool = False) -> Components:
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {str(root)!r}")
-    live = live_dir(root)
+    # another process may publish a new generation meanwhile: read_live reads it instead
+    return read_live(root, lambda live: _load_live(live, verify))
+
+
+def _load_live(live: Path, verify: bool) -> Components:
+    """:func:`load` of the live directory ``live``."""
     meta = read_checkpoint_meta(live / META_FILE, _FORMAT, FORMAT_VERSION)
     kinds = ("storage", "sampler", "writer")
     classes = {kind: component_class(meta[kind]["class"], kind) for kind in kinds}

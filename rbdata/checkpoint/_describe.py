@@ -17,7 +17,7 @@ from typing import Any
 
 import torch
 
-from rbdata._atomic import CURRENT, live_dir
+from rbdata._atomic import CURRENT, live_dir, read_live
 from rbdata._files import open_nofollow
 from rbdata.checkpoint._codec import MARK, check_table
 from rbdata.checkpoint._storage_checks import DIR, check_storage
@@ -75,10 +75,23 @@ def describe(path: str | os.PathLike[str]) -> CheckpointInfo:
         >>> info.storage_class, info.storage.length, info.batch_size, info.sampler["class"]
         ('TensorStorage', 3, 2, 'UniformSampler')
     """
+    root = Path(path)
+    if not os.path.lexists(root / CURRENT):
+        return _describe_live(root)
+
+    def read(live: Path) -> CheckpointInfo:
+        info = _describe_live(live)
+        if info.problems and live_dir(root) != live:  # removed by a dump while read
+            raise CheckpointError(f"{live}: replaced while it was read")
+        return info
+
+    return read_live(root, read)  # a dump meanwhile: the new generation is described
+
+
+def _describe_live(live: Path) -> CheckpointInfo:
+    """:func:`describe` of one live checkpoint directory."""
     from rbdata.checkpoint import _FORMAT, _TENSORS, FORMAT_VERSION, META_FILE, component_class
 
-    root = Path(path)
-    live = live_dir(root) if os.path.lexists(root / CURRENT) else root
     file = live / META_FILE
     meta = read_checkpoint_meta(file, _FORMAT, FORMAT_VERSION)
     try:

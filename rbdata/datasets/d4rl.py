@@ -92,8 +92,10 @@ class D4RL(OfflineDataset):
 
     Raises:
         KeyError: an unknown id.
-        ValueError: both ``file`` and ``url``, a malformed ``sha256``, or a sample id without
-            a source (the message says how to build the sample).
+        ValueError: both ``file`` and ``url``, a malformed ``sha256``, a sample id without
+            a source (the message says how to build the sample), or a file whose data
+            reaches outside it: an HDF5 external link, a virtual dataset mapping another
+            file or external storage (the message names it; nothing is converted).
         FileNotFoundError: ``download=False`` and the dataset is neither converted nor in the
             cache, or ``file`` does not exist.
         rbdata.datasets.ChecksumError: the file's size or sha256 is not the expected one; the

@@ -13,11 +13,13 @@ recorded, and loading refuses a dataset whose identity differs.
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from rbdata import checkpoint
-from rbdata._atomic import fsync_dir, live_dir, new_staging, publish
+from rbdata._atomic import fsync_dir, new_staging, publish, read_live
+from rbdata._buffer_checkpoint import adopt
 from rbdata.checkpoint.states import class_name, read_state, write_state
 from rbdata.datasets.base import OfflineDataset
 from rbdata.errors import CheckpointError
@@ -38,6 +40,7 @@ __all__ = [
 FORMAT = "rbdata.mixed"
 _VERSION = 1
 _SOURCES = "sources"
+T = TypeVar("T")
 
 
 def dataset_identity(ds: OfflineDataset) -> dict[str, Any]:
@@ -103,8 +106,12 @@ def dump(mixed: Any, path: Any, fsync: bool = True) -> None:
     publish(root, staging, fsync)
 
 
-def read(path: Any) -> tuple[Path, dict[str, Any]]:
-    """The live directory of a mixture checkpoint and its checked state.
+def read(path: Any, use: Callable[[Path, dict[str, Any]], T]) -> T:
+    """``use(live, state)``: the live directory of a mixture checkpoint and its checked state.
+
+    A ``dumps`` by another process that replaces the generation while ``use`` reads it makes
+    ``use`` run again on the new one (:func:`rbdata._atomic.read_live`): ``use`` must change
+    nothing outside what it returns.
 
     Raises:
         FileNotFoundError: ``path`` is not a directory.
@@ -113,7 +120,11 @@ def read(path: Any) -> tuple[Path, dict[str, Any]]:
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(f"no checkpoint directory at {str(root)!r}")
-    live = live_dir(root)
+    return read_live(root, lambda live: use(live, _checked_state(live)))
+
+
+def _checked_state(live: Path) -> dict[str, Any]:
+    """The checked state of the mixture checkpoint in its live directory ``live``."""
     state = read_state(live)
     if not isinstance(state, dict) or state.get("format") != FORMAT:
         raise CheckpointError(f"{live}: not a MixedBuffer checkpoint")
@@ -129,7 +140,7 @@ def read(path: Any) -> tuple[Path, dict[str, Any]]:
         raise CheckpointError(f"{live}: field 'sources': expected a list of named sources")
     if not isinstance(state.get("weights"), dict) or not isinstance(state.get("samplers"), dict):
         raise CheckpointError(f"{live}: fields 'weights' and 'samplers' must be dicts")
-    return live, state
+    return state
 
 
 def check_dataset(name: str, entry: dict[str, Any], ds: Any) -> None:
@@ -173,7 +184,36 @@ def load_into(mixed: Any, path: Any, verify: bool = False) -> None:
         ValueError: anything differs (``mixed`` is left as it was).
         rbdata.errors.CheckpointError: a missing, tampered or foreign checkpoint.
     """
-    live, state = read(path)
+    # everything is read and checked from one generation (again if a dump replaces it),
+    # then applied from what was read: nothing is read from the directory after a change
+    live, state, parts = read(
+        path, lambda live, state: (live, state, _load_checked(mixed, live, state, verify))
+    )
+    try:
+        for s in mixed._sources:
+            if s.kind == DATASET:
+                s.sampler.load_state_dict(state["samplers"][s.name]["state"])
+            elif s.kind == BUFFER:
+                adopt(s.obj, parts[s.name], str(live))  # what s.obj.load(directory) does
+            else:
+                loaded = parts[s.name]
+                checkpoint.load_into(loaded, s.storage, s.sampler, ImmutableWriter(), str(live))
+        mixed.weights = state["weights"]
+    finally:
+        _close(parts)
+
+
+def _close(parts: dict[str, checkpoint.Components]) -> None:
+    for loaded in parts.values():
+        close = getattr(loaded[0], "close", None)
+        if close is not None:
+            close()
+
+
+def _load_checked(
+    mixed: Any, live: Path, state: dict[str, Any], verify: bool
+) -> dict[str, checkpoint.Components]:
+    """The saved buffers and storages of ``live``, loaded, each checked against ``mixed``'s."""
     sources: list[Source] = mixed._sources
     saved = [(e["name"], e["kind"]) for e in state["sources"]]
     mine = [(s.name, s.kind) for s in sources]
@@ -212,24 +252,9 @@ def load_into(mixed: Any, path: Any, verify: bool = False) -> None:
             {"weights": weights, "samplers": dict.fromkeys(mixed.sampler.names)}
         )
     except BaseException:
-        for loaded in parts.values():
-            close = getattr(loaded[0], "close", None)
-            if close is not None:
-                close()
+        _close(parts)
         raise
-    for loaded in parts.values():  # checked only: buffers load through their own load
-        close = getattr(loaded[0], "close", None)
-        if close is not None:
-            close()
-    for s in sources:
-        if s.kind == DATASET:
-            s.sampler.load_state_dict(state["samplers"][s.name]["state"])
-        elif s.kind == BUFFER:
-            s.obj.load(sources_dir(live, s.position))
-        else:
-            loaded = checkpoint.load(sources_dir(live, s.position))
-            checkpoint.load_into(loaded, s.storage, s.sampler, ImmutableWriter(), str(live))
-    mixed.weights = weights
+    return parts
 
 
 def build(path: Any, datasets: Any = None, verify: bool = False) -> tuple[dict[str, Any], Any]:
@@ -242,10 +267,16 @@ def build(path: Any, datasets: Any = None, verify: bool = False) -> tuple[dict[s
         ValueError: a dataset that differs from the recorded one.
         rbdata.errors.CheckpointError: a missing, tampered or foreign checkpoint.
     """
+    chosen = {} if datasets is None else dict(datasets)
+    return read(path, lambda live, state: _build(live, state, chosen, verify))
+
+
+def _build(
+    live: Path, state: dict[str, Any], datasets: dict[str, Any], verify: bool
+) -> tuple[dict[str, Any], Any]:
+    """:func:`build` from the live directory ``live`` and its checked ``state``."""
     from rbdata.buffer import ReplayBuffer
 
-    live, state = read(path)
-    datasets = {} if datasets is None else dict(datasets)
     unknown = sorted(set(datasets) - {e["name"] for e in state["sources"] if e["kind"] == DATASET})
     if unknown:
         raise ValueError(f"datasets: the checkpoint has no dataset source called {unknown}")

@@ -156,6 +156,7 @@ class ArrowStorage(ArrowFiles):
         self._chunks: dict[int, Chunk] = {}
         self._epoch = 0  # the journal generation the metadata describes
         self._replaying = False
+        self._unsynced = False  # rows written since the last fsync'ed _sync (else: no file write)
         self._journal = None
         self._fixed: list[int] = []  # positions of fixed-shape leaves in the layout
         self._variable: list[int] = []
@@ -200,7 +201,14 @@ class ArrowStorage(ArrowFiles):
         self._sync(fsync=True)
 
     def _sync(self, fsync: bool) -> None:
-        """Seal the open chunks, publish the metadata (a new epoch), empty the journal."""
+        """Seal the open chunks, publish the metadata (a new epoch), empty the journal.
+
+        Nothing is written when no row changed since the last ``fsync`` sync (or the open):
+        closing or dropping a storage that was only read writes no file (a read-only
+        directory, a reading copy in another process).
+        """
+        if not self._unsynced:
+            return
         for k, chunk in list(self._chunks.items()):
             if chunk.is_open:
                 seal(self, k, fsync)
@@ -210,6 +218,7 @@ class ArrowStorage(ArrowFiles):
         write_meta(self, fsync)
         if self._journal is not None:
             self._journal.reset()
+        self._unsynced = not fsync
 
     def close(self) -> None:
         """Flush, then unmap the files; a temporary directory (``path=None``) is removed."""
@@ -370,13 +379,16 @@ class ArrowStorage(ArrowFiles):
         cs = self.chunk_size
         for k in range(self._length // cs, -(-n // cs)):
             open_chunk(self, k)
+        self._unsynced = True
         self._length = n
         if n == 0:
             self._chunks = {}
             self._addresses = None
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:
+        self._unsynced = True
         write_runs(self, target, payload)
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
+        self._unsynced = True
         write_one(self, index, payload)
