@@ -52,9 +52,7 @@ __all__ = [
 SMALL_FILE = 1 << 16
 
 
-def verify(
-    live: Path, meta: dict[str, Any], meta_file: Path, max_size: int | None = None
-) -> None:
+def verify(live: Path, meta: dict[str, Any], meta_file: Path, max_size: int | None = None) -> None:
     """Check every file of checkpoint directory ``live`` against its recorded checksum.
 
     With ``max_size``, only the files the checkpoint recorded as at most that large are
