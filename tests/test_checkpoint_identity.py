@@ -115,10 +115,10 @@ def test_a_damaged_small_file_is_refused_by_default(pair: tuple[Path, Path]) -> 
     layout = _live(a) / "storage" / "layout.json"
     text = layout.read_text()
     layout.write_text(text.replace('"capacity": 100', '"capacity": 100 '))  # one more byte
-    with pytest.raises(CheckpointError, match="layout.json: .*bytes"):
+    with pytest.raises(CheckpointError, match=r"layout\.json: .*bytes"):
         ReplayBuffer.loads(a)
     layout.write_text(text.replace('"obs"', '"obt"'))  # same size, still valid JSON
-    with pytest.raises(CheckpointError, match="layout.json: checksum"):
+    with pytest.raises(CheckpointError, match=r"layout\.json: checksum"):
         ReplayBuffer.loads(a)
 
 
@@ -130,7 +130,7 @@ def test_a_flipped_row_byte_in_a_large_leaf_needs_verify(pair: tuple[Path, Path]
     data[3] ^= 0x40
     leaf.write_bytes(bytes(data))
     assert len(ReplayBuffer.loads(a)) == 60  # O(1) load: not read
-    with pytest.raises(CheckpointError, match=f"{leaf.name}: checksum"):
+    with pytest.raises(CheckpointError, match=rf"{leaf.name}: checksum"):
         ReplayBuffer.loads(a, verify=True)
 
 
@@ -146,7 +146,7 @@ def test_a_data_file_swapped_between_storage_directories_is_refused(tmp_path: Pa
     a, b = _storage(tmp_path / "a", 1), _storage(tmp_path / "b", 2)
     _swap(next(a.glob("*-obs.bin")), next(b.glob("*-obs.bin")))
     for path in (a, b):
-        with pytest.raises(ValueError, match="-obs.bin: belongs to another storage"):
+        with pytest.raises(ValueError, match=r"-obs\.bin: belongs to another storage"):
             MemmapStorage.open(path)
         with pytest.raises(ValueError, match="belongs to another storage"):
             MemmapStorage.open(path, copy_on_write=True)
