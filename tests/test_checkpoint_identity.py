@@ -17,7 +17,7 @@ import pytest
 import torch
 from tensordict import TensorDict
 
-from rbdata import MemmapStorage, PrioritizedSampler, ReplayBuffer
+from rbdata import ArrowStorage, MemmapStorage, PrioritizedSampler, ReplayBuffer
 from rbdata.errors import CheckpointError
 
 CAP = 100
@@ -176,3 +176,24 @@ def test_a_version_1_directory_without_ids_still_opens(tmp_path: Path) -> None:
     storage.set(slice(10, 12), _batch(2, 4))  # and writes without adding trailers
     storage.close()
     assert MemmapStorage.open(path, copy_on_write=True)[11]["id"].item() == 4001
+
+
+# --- ArrowStorage checkpoints: large chunks, bound by the tail checksum ---------------------
+def _dump_arrow(path: Path, seed: int) -> Path:
+    rb = ReplayBuffer(ArrowStorage(CAP, chunk_size=32))
+    g = torch.Generator().manual_seed(seed)
+    rb.extend(TensorDict({"obs": torch.randn(60, 2000, generator=g)}, [60]))  # 256 KB chunks
+    rb.dumps(path)
+    return path
+
+
+@pytest.mark.parametrize("name", ["storage", "storage/chunk-000000.arrow"])
+def test_arrow_storage_or_chunk_swapped_between_checkpoints_is_refused(
+    tmp_path: Path, name: str
+) -> None:
+    a, b = _dump_arrow(tmp_path / "a", 1), _dump_arrow(tmp_path / "b", 2)
+    assert (_live(a) / "storage" / "chunk-000000.arrow").stat().st_size > 1 << 16
+    _swap(_live(a) / name, _live(b) / name)
+    for path in (a, b):
+        with pytest.raises(CheckpointError, match=r"chunk-000000\.arrow: the checksum of its last"):
+            ReplayBuffer.loads(path)

@@ -22,7 +22,7 @@ from typing import Any, TypeVar
 
 from rbdata._atomic import fsync_dir, live_dir, new_staging, publish
 from rbdata._files import atomic_write_json
-from rbdata.checkpoint._checksum import ALGORITHM, SMALL_FILE
+from rbdata.checkpoint._checksum import ALGORITHM, SMALL_FILE, add_tails
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
 from rbdata.checkpoint._describe import CheckpointInfo, describe
@@ -237,6 +237,7 @@ def dump(
             written = write_tensors(staging / _TENSORS, tensors, fsync, tail)
         meta["storage"] = {"class": name, "config": config, "state": state}
         meta["tensors"], sums[_TENSORS] = written
+        add_tails(staging, sums)
         meta["checksums"] = {"algorithm": ALGORITHM, "files": sums}
         atomic_write_json(staging / META_FILE, meta, fsync)
         fsync_dir(staging, fsync)
