@@ -13,7 +13,6 @@ import math
 import os
 import re
 import reprlib
-import secrets
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
@@ -33,7 +32,7 @@ from rbdata.storages.memmap._header import (
     HEADER_BYTES,
     encode_header,
 )
-from rbdata.storages.memmap._rawfile import trailer
+from rbdata.storages.memmap._rawfile import new_id, trailer
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
@@ -107,11 +106,6 @@ def read_layout(root: Path) -> dict[str, Any]:
             f"{file}: format version {reprlib.repr(version)}, expected one of {_VERSIONS}"
         )
     return meta
-
-
-def new_id() -> str:
-    """A new storage id: 128 random bits as 32 hex digits."""
-    return secrets.token_hex(16)
 
 
 def storage_id(root: Path, meta: dict[str, Any]) -> str | None:
@@ -197,10 +191,9 @@ def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, li
 
 def layout_meta(capacity: int, layout: Layout | None, ident: str | None) -> dict[str, Any]:
     """The contents of ``layout.json`` (version 1, without an id, if ``ident`` is ``None``)."""
-    meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "capacity": capacity}
-    if ident is None:
-        meta["version"] = 1
-    else:
+    meta: dict[str, Any] = {"format": FORMAT, "version": 1 if ident is None else VERSION}
+    meta["capacity"] = capacity
+    if ident is not None:
         meta["id"] = ident
     if layout is not None:
         meta["layout"] = layout.to_json()

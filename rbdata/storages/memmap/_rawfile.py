@@ -16,6 +16,7 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +29,7 @@ __all__ = [
     "check_trailer",
     "create_file",
     "map_file",
+    "new_id",
     "open_fd",
     "regular_size",
     "trailer",
@@ -53,6 +55,11 @@ def regular_size(fd: int, path: Path) -> int:
     if not (st.st_mode & 0o170000) == 0o100000:
         raise ValueError(f"{path}: not a regular file")
     return st.st_size
+
+
+def new_id() -> str:
+    """A new storage id: 128 random bits as 32 hex digits."""
+    return secrets.token_hex(16)
 
 
 def trailer(ident: str | None, index: int) -> bytes:
