@@ -73,14 +73,17 @@ def new_staging(path: Path) -> Path:
     return Path(tempfile.mkdtemp(prefix=_STAGING, dir=path))
 
 
-def publish(path: Path, staging: Path, fsync: bool = True) -> Path:
+def publish(path: Path, staging: Path, fsync: bool = True, ident: str | None = None) -> Path:
     """Make the complete ``staging`` directory the live checkpoint of ``path``.
 
-    Returns the live directory. Older checkpoints and leftover staging directories are
-    removed afterwards. ``fsync=False`` skips the fsyncs (safe if the process dies, not if
-    the machine loses power).
+    Returns the live directory, named ``ckpt-<ident>`` (``ident``: the checkpoint's id, up
+    to 40 hex digits; by default one made of the time and the process id). Older
+    checkpoints and leftover staging directories are removed afterwards. ``fsync=False``
+    skips the fsyncs (safe if the process dies, not if the machine loses power).
     """
-    name = f"{_LIVE}{time.time_ns():x}{os.getpid():x}"
+    name = f"{_LIVE}{ident}" if ident else f"{_LIVE}{time.time_ns():x}{os.getpid():x}"
+    if not _LIVE_NAME.fullmatch(name):
+        raise ValueError(f"ident: expected up to 40 hex digits, got {ident!r:.60}")
     live = path / name
     pointer = path / f".{CURRENT}.{os.getpid():x}"
     try:

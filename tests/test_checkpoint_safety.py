@@ -449,9 +449,12 @@ def test_checksums_match_the_bytes_on_disk(tmp_path: Path, kind: str, n: int) ->
     for name, rec in table["files"].items():
         data = (live(path) / name).read_bytes()
         assert rec["size"] == len(data), name
-        if rec["covered"] < rec["size"]:  # a leaf of a buffer that is not full: the rows held
-            assert kind in ("tensor", "memmap") and n < CAP, name
-            assert data[rec["covered"] :] == bytes(len(data) - rec["covered"]), name
+        if rec["covered"] < rec["size"]:  # a leaf of a tensor storage: the rows held
+            assert kind in ("tensor", "memmap"), name
+            # then the zero rows past the length, then the 32-byte id trailer (checked by
+            # open against layout.json, which is covered)
+            assert data[rec["covered"] : -32] == bytes(len(data) - rec["covered"] - 32), name
+            assert data[-32:-24] == b"RBDLEAF2", name
         assert rec["crc32"] == zlib.crc32(data[: rec["covered"]]), name
     rb = ReplayBuffer.loads(path, verify=True)
     assert len(rb) == n
@@ -492,18 +495,20 @@ def test_verify_finds_a_flipped_byte_and_names_the_file(
     with pytest.raises(CheckpointError, match=rf"{file.name}.*checksum"):
         ReplayBuffer.loads(path, verify=True)
     assert set(private_tmp.iterdir()) == before
-    if case == "memmap leaf":  # verify=False stays lazy: the same-size change goes unnoticed
-        rb = ReplayBuffer.loads(path)
-        assert rb.storage[5]["id"].item() != 5
+    if case == "memmap leaf":  # a file of at most 64 KiB is checked by default too
+        with pytest.raises(CheckpointError, match=rf"{file.name}.*checksum"):
+            ReplayBuffer.loads(path)
 
 
 def test_verify_finds_a_resized_file(tmp_path: Path) -> None:
     path = dumped(tmp_path, "list")
     with open(live(path) / "tensors.bin", "ab") as f:
         f.write(b"\0" * 64)
-    ReplayBuffer.loads(path)  # the table still fits: lazy loading does not notice
-    with pytest.raises(CheckpointError, match=r"tensors\.bin.*bytes"):
-        ReplayBuffer.loads(path, verify=True)
+    # the table still fits, but every file's size is compared by default (and the id
+    # trailer is no longer at the end)
+    for verify in (False, True):
+        with pytest.raises(CheckpointError, match=r"tensors\.bin.*bytes"):
+            ReplayBuffer.loads(path, verify=verify)
 
 
 def test_checkpoint_without_checksums_loads_but_cannot_be_verified(tmp_path: Path) -> None:

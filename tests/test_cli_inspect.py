@@ -327,7 +327,7 @@ def test_truncated_data_file_is_a_problem_not_an_error(
         MemmapStorage.open(path)
     code, out, _ = inspect(capsys, str(path))
     assert code == 0
-    expected = 20 * 4 * torch.float32.itemsize  # capacity x 4 floats
+    expected = 20 * 4 * torch.float32.itemsize + 32  # capacity x 4 floats, the id trailer
     problem = f"{leaf.name}: 10 bytes, expected {expected} for key 'observation'"
     assert field(out, "problem") == problem
 

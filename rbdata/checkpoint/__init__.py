@@ -22,10 +22,11 @@ from typing import Any, TypeVar
 
 from rbdata._atomic import fsync_dir, new_staging, publish, read_live
 from rbdata._files import atomic_write_json
-from rbdata.checkpoint._checksum import ALGORITHM
+from rbdata.checkpoint._checksum import ALGORITHM, SMALL_FILE, add_tails
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
 from rbdata.checkpoint._describe import CheckpointInfo, describe
+from rbdata.checkpoint._identity import check_identity, check_trailer, new_id, trailer
 from rbdata.checkpoint._in_place import LoadsDescriptor, load_into
 from rbdata.checkpoint._storages import (
     check_storage,
@@ -203,7 +204,9 @@ def dump(
     created = not root.exists()
     tensors: list[Any] = []
     parts: dict[str, Any] = {"sampler": sampler, "writer": writer}
-    meta: dict[str, Any] = {"format": _FORMAT, "version": FORMAT_VERSION, "batch_size": batch_size}
+    ident = new_id()  # names the live directory; in checkpoint.json and tensors.bin's trailer
+    meta: dict[str, Any] = {"format": _FORMAT, "version": FORMAT_VERSION, "id": ident}
+    meta["batch_size"] = batch_size
     for kind, obj in parts.items():  # encode first: a bad component fails before any write
         meta[kind] = {
             "class": _class_name(obj, kind),
@@ -220,17 +223,21 @@ def dump(
     staging = new_staging(root)
     try:
         with ThreadPoolExecutor(max_workers=1) as pool:  # its exit waits for the job
+            tail = trailer(ident)
             table = (
-                pool.submit(write_tensors, staging / _TENSORS, tensors, fsync) if early else None
+                pool.submit(write_tensors, staging / _TENSORS, tensors, fsync, tail)
+                if early
+                else None
             )
             state, sums = dump_storage(storage, staging, tensors, fsync)
         if table is not None:
             written = table.result()
         else:
             config = encode(storage.config(), tensors, "storage config")
-            written = write_tensors(staging / _TENSORS, tensors, fsync)
+            written = write_tensors(staging / _TENSORS, tensors, fsync, tail)
         meta["storage"] = {"class": name, "config": config, "state": state}
         meta["tensors"], sums[_TENSORS] = written
+        add_tails(staging, sums)
         meta["checksums"] = {"algorithm": ALGORITHM, "files": sums}
         atomic_write_json(staging / META_FILE, meta, fsync)
         fsync_dir(staging, fsync)
@@ -240,7 +247,7 @@ def dump(
             shutil.rmtree(root, ignore_errors=True)
         raise
     try:
-        return publish(root, staging, fsync)
+        return publish(root, staging, fsync, ident)
     except BaseException:
         if created and not (root / "CURRENT").exists():
             shutil.rmtree(root, ignore_errors=True)
@@ -283,6 +290,7 @@ def _load_live(live: Path, verify: bool) -> Components:
     kinds = ("storage", "sampler", "writer")
     classes = {kind: component_class(meta[kind]["class"], kind) for kind in kinds}
     storage_meta = meta["storage"]
+    check_identity(live, meta)  # O(1): the directory's name
     try:
         plan = check_storage(
             classes["storage"], storage_meta["config"], storage_meta["state"], live
@@ -290,6 +298,9 @@ def _load_live(live: Path, verify: bool) -> Components:
         check_table(live / _TENSORS, meta["tensors"])
         if verify:
             verify_files(live, meta, live / META_FILE)
+        elif "checksums" in meta:  # the small files only (headers, metadata): O(1)
+            verify_files(live, meta, live / META_FILE, SMALL_FILE)
+        check_trailer(meta, live / _TENSORS)  # O(1): 32 bytes
         tensors = read_tensors(live / _TENSORS, meta["tensors"])
         decoded = {
             kind: (

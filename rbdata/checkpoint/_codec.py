@@ -158,12 +158,13 @@ def _file_bytes(tensors: list[torch.Tensor]) -> int:
 
 
 def write_tensors(
-    file: Path, tensors: list[torch.Tensor], fsync: bool = True
+    file: Path, tensors: list[torch.Tensor], fsync: bool = True, tail: bytes = b""
 ) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Write ``tensors`` back to back (64-byte aligned) to ``file``.
+    """Write ``tensors`` back to back (64-byte aligned) to ``file``, then ``tail``.
 
     Returns the table (dtype, shape, byte offset of each tensor) and the file's checksum
-    entry, computed over the bytes as they are written.
+    entry, computed over the bytes as they are written. ``tail`` (the checkpoint's id
+    trailer) is outside every tensor: readers only read what the table names.
     """
     table = []
     offset = crc = 0
@@ -180,6 +181,10 @@ def write_tensors(
             crc = crc32(raw.data, crc)
             table.append({"dtype": _dtype_name(t.dtype), "shape": list(t.shape), "offset": offset})
             offset += raw.nbytes
+        if tail:
+            f.write(tail)
+            crc = crc32(tail, crc)
+            offset += len(tail)
         if fsync:
             f.flush()
             os.fsync(f.fileno())

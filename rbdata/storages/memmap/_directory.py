@@ -32,6 +32,7 @@ from rbdata.storages.memmap._header import (
     HEADER_BYTES,
     encode_header,
 )
+from rbdata.storages.memmap._rawfile import new_id, trailer
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
@@ -44,12 +45,18 @@ __all__ = [
     "bad_field",
     "check_meta",
     "layout_meta",
+    "new_id",
     "read_layout",
+    "storage_id",
     "write_directory",
 ]
 
 FORMAT = "rbdata.memmap"
-VERSION = 1
+#: version 2 adds the storage's id (``layout.json``'s ``"id"``, each data file's trailer);
+#: version 1 directories (no id, no trailers) still open
+VERSION = 2
+_VERSIONS = (1, 2)
+_ID = re.compile(r"[0-9a-f]{32}")
 LAYOUT_FILE = "layout.json"
 HEADER_FILE = "header.bin"
 JOURNAL_FILE = "journal.bin"
@@ -93,11 +100,22 @@ def read_layout(root: Path) -> dict[str, Any]:
         raise ValueError(f"{file}: corrupt metadata file ({what})") from None
     if not isinstance(meta, dict) or meta.get("format") != FORMAT:
         raise ValueError(f"{file}: not an {FORMAT} directory")
-    if meta.get("version") != VERSION:
+    version = meta.get("version")
+    if isinstance(version, bool) or version not in _VERSIONS:
         raise ValueError(
-            f"{file}: format version {reprlib.repr(meta.get('version'))}, expected {VERSION}"
+            f"{file}: format version {reprlib.repr(version)}, expected one of {_VERSIONS}"
         )
     return meta
+
+
+def storage_id(root: Path, meta: dict[str, Any]) -> str | None:
+    """The id in ``layout.json`` (``None`` for a version-1 directory, which has none)."""
+    if meta.get("version") == 1:
+        return None
+    ident = meta.get("id")
+    if not isinstance(ident, str) or not _ID.fullmatch(ident):
+        raise bad_field(root / LAYOUT_FILE, "id", ident, "32 lowercase hex digits")
+    return ident
 
 
 def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, list[Path]]:
@@ -171,21 +189,33 @@ def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, li
     return capacity, Layout.from_json(layout), paths
 
 
-def layout_meta(capacity: int, layout: Layout | None) -> dict[str, Any]:
-    meta: dict[str, Any] = {"format": FORMAT, "version": VERSION, "capacity": capacity}
+def layout_meta(capacity: int, layout: Layout | None, ident: str | None) -> dict[str, Any]:
+    """The contents of ``layout.json`` (version 1, without an id, if ``ident`` is ``None``)."""
+    meta: dict[str, Any] = {"format": FORMAT, "version": 1 if ident is None else VERSION}
+    meta["capacity"] = capacity
+    if ident is not None:
+        meta["id"] = ident
     if layout is not None:
         meta["layout"] = layout.to_json()
         meta["files"] = [_leaf_file(i, leaf.key) for i, leaf in enumerate(layout.leaves)]
     return meta
 
 
-def _write_file(file: Path, chunks: Any, size: int, fsync: bool, filled: int = 0) -> None:
-    """Write ``chunks`` (``filled`` bytes in all, if known) to a new ``file`` of ``size`` bytes."""
+def _write_file(
+    file: Path, chunks: Any, size: int, fsync: bool, filled: int = 0, tail: bytes = b""
+) -> None:
+    """Write ``chunks`` (``filled`` bytes in all, if known) to a new ``file`` of ``size`` bytes.
+
+    ``tail`` (the trailer) follows the ``size`` bytes.
+    """
     with open(file, "wb") as f:
         preallocate(f.fileno(), 0, filled)  # the filled bytes only: the tail stays sparse
         for chunk in chunks:
             f.write(memoryview(chunk))
         f.truncate(size)  # rows past the length read as zeros (a sparse tail)
+        if tail:
+            f.seek(size)
+            f.write(tail)
         if fsync:
             f.flush()
             os.fsync(f.fileno())
@@ -226,18 +256,20 @@ def write_directory(
     n, layout = len(storage), storage.layout
     header = encode_header(n, storage.next_slot)
     _write_file(root / HEADER_FILE, [header], HEADER_BYTES, fsync)
-    meta = layout_meta(storage.capacity, layout)
+    ident = new_id()
+    meta = layout_meta(storage.capacity, layout, ident)
     if layout is not None:
         jobs = sorted(
-            zip(meta["files"], storage.buffers, strict=True),
-            key=lambda job: -job[1].numel() * job[1].element_size(),
+            enumerate(zip(meta["files"], storage.buffers, strict=True)),
+            key=lambda job: -job[1][1].numel() * job[1][1].element_size(),
         )
 
-        def write(job: tuple[str, torch.Tensor]) -> None:
-            name, buf = job
+        def write(job: tuple[int, tuple[str, torch.Tensor]]) -> None:
+            index, (name, buf) = job
             size = buf.numel() * buf.element_size()
             filled = n * math.prod(buf.shape[1:]) * buf.element_size()
-            _write_file(root / name, _row_blocks(buf, n), size, fsync, filled)
+            tail = trailer(ident, index)
+            _write_file(root / name, _row_blocks(buf, n), size, fsync, filled, tail)
 
         # two files at a time: one's copy overlaps the other's fsync (both release the GIL)
         with ThreadPoolExecutor(max_workers=2) as pool:
@@ -294,7 +326,8 @@ class DirectoryWriter:
         self.layout = layout
         self.rows = 0
         self._fsync = fsync
-        self._meta = layout_meta(capacity, layout)
+        self._id = new_id()
+        self._meta = layout_meta(capacity, layout, self._id)
         self._files = [open(self.root / name, "wb") for name in self._meta["files"]]  # noqa: SIM115
         # with fsync, each block's writeback is started (sync_file_range, in a thread) while
         # the caller prepares the next block, so close()'s fsyncs find little left to write
@@ -337,8 +370,11 @@ class DirectoryWriter:
         """Size the files to the capacity, write the header and the layout (the last step)."""
         self._wait()
         self._shutdown()
-        for f, leaf in zip(self._files, self.layout.leaves, strict=True):
-            f.truncate(self.capacity * leaf.numel * leaf.dtype.itemsize)
+        for index, (f, leaf) in enumerate(zip(self._files, self.layout.leaves, strict=True)):
+            size = self.capacity * leaf.numel * leaf.dtype.itemsize
+            f.truncate(size)
+            f.seek(size)
+            f.write(trailer(self._id, index))
             if self._fsync:
                 f.flush()
                 os.fsync(f.fileno())

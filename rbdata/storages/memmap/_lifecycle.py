@@ -30,10 +30,11 @@ from rbdata.storages.memmap._directory import (
     bad_field,
     check_meta,
     read_layout,
+    storage_id,
 )
 from rbdata.storages.memmap._header import Header
 from rbdata.storages.memmap._journal import Journal, read_orphan
-from rbdata.storages.memmap._rawfile import create_file, map_file
+from rbdata.storages.memmap._rawfile import create_file, map_file, trailer
 from rbdata.storages.memmap._shared import SharedState
 from rbdata.storages.memmap._sharing import LIVE, SHARED_FILE
 from rbdata.storages.tensor import TensorStorage
@@ -66,6 +67,7 @@ def open_dir(
     storage._finalizer = None
     storage._path = root
     storage._private = bool(copy_on_write)
+    storage._id = storage_id(root, meta)
     storage._journal = None
     storage._data_files = []
     storage._shared = False
@@ -116,10 +118,11 @@ def check_header(storage: MemmapStorage, length: int, nxt: int, layout: Layout |
 def map_files(storage: MemmapStorage, layout: Layout, files: list[Path]) -> None:
     """Map the leaves' files (sizes checked) and make them the storage's buffers."""
     buffers, mapped = [], []
-    for file, leaf in zip(files, layout.leaves, strict=True):
+    for index, (file, leaf) in enumerate(zip(files, layout.leaves, strict=True)):
         expected = storage.capacity * leaf.numel * leaf.dtype.itemsize
         shape = (storage.capacity, *leaf.shape)
-        buf, raw = map_file(file, leaf.dtype, shape, expected, storage._private, leaf.name)
+        tail = (storage._id, index)
+        buf, raw = map_file(file, leaf.dtype, shape, expected, storage._private, leaf.name, tail)
         buffers.append(buf)
         mapped.append(None if raw is None else _memory.mapping(raw))
     storage._set_buffers(buffers, layout, mapped)
@@ -175,6 +178,7 @@ def set_state(storage: MemmapStorage, state: dict[str, Any]) -> None:
         return
     TensorStorage.__init__(storage, state["capacity"], device="cpu")
     storage._finalizer, storage._path, storage._private = None, Path(state["path"]), True
+    storage._id = None  # a private copy writes no file
     storage._journal, storage._data_files = None, []
     length, nxt = state["header"]
     storage._header = Header.private_copy(length, nxt, storage._path / HEADER_FILE)
@@ -249,9 +253,10 @@ def allocate(storage: MemmapStorage, layout: Layout) -> None:
     files = [inside(storage._path, name, "data file") for name in meta["files"]]
     made: list[Path] = []
     try:
-        for file, leaf in zip(files, layout.leaves, strict=True):
+        for index, (file, leaf) in enumerate(zip(files, layout.leaves, strict=True)):
             made.append(file)
-            create_file(file, storage.capacity * leaf.numel * leaf.dtype.itemsize)
+            size = storage.capacity * leaf.numel * leaf.dtype.itemsize
+            create_file(file, size, trailer(storage._id, index))
         storage._map_files(layout, files)
         atomic_write_json(storage._path / LAYOUT_FILE, meta)
     except BaseException:

@@ -35,9 +35,11 @@ from rbdata.storages.memmap._directory import (
     bad_field,
     check_meta,
     read_layout,
+    storage_id,
     write_directory,
 )
 from rbdata.storages.memmap._header import Header
+from rbdata.storages.memmap._rawfile import TRAILER_BYTES
 from rbdata.storages.tensor import TensorStorage
 
 if TYPE_CHECKING:
@@ -67,7 +69,8 @@ def dump_tensors(
         results = [submit_tensor_crc(pool, buf, n) for buf in buffers]
         write_directory(storage, out, fsync)
         crcs = [result() for result in results]
-    names = read_json(out / LAYOUT_FILE, "storage").get("files", []) if buffers else []
+    meta = read_json(out / LAYOUT_FILE, "storage")
+    names = meta.get("files", []) if buffers else []
     sums: dict[str, dict[str, int]] = {}
     for name, buf, crc in zip(names, buffers, crcs, strict=True):
         row = math.prod(buf.shape[1:]) * buf.element_size()
@@ -76,7 +79,8 @@ def dump_tensors(
         if file.name not in sums:
             sums[file.name] = file_entry(file)
     fsync_dir(out, fsync)
-    return {"dir": out.name}, sums
+    # the directory's id in the checkpoint's manifest: another storage/ is refused at load
+    return {"dir": out.name, "id": meta["id"]}, sums
 
 
 def check_dumped(
@@ -87,17 +91,27 @@ def check_dumped(
     # layout.json is MemmapStorage's own format: its reader checks every field and file name
     file = src / LAYOUT_FILE
     try:
-        capacity, layout, leaves = check_meta(src, read_layout(src))
+        meta = read_layout(src)
+        capacity, layout, leaves = check_meta(src, meta)
+        ident = storage_id(src, meta)
     except (OSError, ValueError) as err:
         raise CheckpointError(str(err)) from None
+    saved = state.get("id")  # absent from checkpoints written before storage ids
+    if saved is not None and saved != ident:
+        raise CheckpointError(
+            f"{src}: a storage directory of another checkpoint (layout.json's id {ident}, "
+            f"checkpoint.json recorded {saved!r:.40}); the folder was swapped or replaced"
+        )
     check_max_size(config, capacity, file)
+    extra = TRAILER_BYTES if ident is not None else 0
     for leaf, path in zip(layout.leaves if layout else (), leaves, strict=True):
         row = leaf.numel * leaf.dtype.itemsize
         size = plain_file(path, "storage").st_size
-        if size != capacity * row:
+        if size != capacity * row + extra:
+            with_id = f" + a {extra}-byte id trailer" if extra else ""
             raise CheckpointError(
-                f"{path}: {size} bytes on disk, expected {capacity * row} ({capacity} x "
-                f"{row} bytes); truncated or corrupt"
+                f"{path}: {size} bytes on disk, expected {capacity * row + extra} ({capacity} "
+                f"x {row} bytes{with_id}); truncated or corrupt"
             )
     # the header's format belongs to MemmapStorage: its counts are checked once it is open
     plain_file(src / HEADER_FILE, "storage")
@@ -186,7 +200,9 @@ def copy_tensors(dst: TensorStorage, src: TensorStorage) -> None:
 
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
     """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
-    capacity, layout, files = check_meta(root, read_layout(root))
+    meta = read_layout(root)
+    capacity, layout, files = check_meta(root, meta)
+    extra = TRAILER_BYTES if storage_id(root, meta) is not None else 0
     header = Header(inside(root, HEADER_FILE), create=False, private=True)
     length, nxt = header.first
     header.close()
@@ -197,7 +213,8 @@ def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
         raise bad_field(file, "next", nxt, f"in [0, {capacity}) and at most the length")
     problems = []
     for leaf, path in zip(layout.leaves if layout else (), files, strict=True):
-        expected, size = capacity * leaf.numel * leaf.dtype.itemsize, regular_size(path)
+        expected = capacity * leaf.numel * leaf.dtype.itemsize + extra
+        size = regular_size(path)
         if size != expected:
             got = "missing or not a regular file" if size is None else f"{size} bytes"
             problems.append(f"{path.name}: {got}, expected {expected} for key {leaf.name}")

@@ -4,6 +4,11 @@ Only plain files are used, never symlinks (``O_NOFOLLOW``): :func:`open_fd` refu
 with a ``ValueError`` naming the file, :func:`regular_size` anything but a regular file. A
 data file's space is reserved when it is created (:func:`create_file`), so a full disk is an
 ``OSError`` at the first write, never a SIGBUS.
+
+A data file of a version-2 directory ends with a :data:`TRAILER_BYTES` trailer after its rows
+(:func:`trailer`): the storage's id (``layout.json``'s ``"id"``) and the leaf's index, checked
+by :func:`map_file` with one 32-byte read, so a file swapped in from another storage or
+checkpoint, or renamed to another leaf, is refused at open.
 """
 
 from __future__ import annotations
@@ -11,14 +16,28 @@ from __future__ import annotations
 import errno
 import mmap
 import os
+import secrets
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
-__all__ = ["as_tensor", "create_file", "map_file", "open_fd", "regular_size"]
+__all__ = [
+    "TRAILER_BYTES",
+    "as_tensor",
+    "check_trailer",
+    "create_file",
+    "map_file",
+    "new_id",
+    "open_fd",
+    "regular_size",
+    "trailer",
+]
 
+#: the trailer after a data file's rows: magic, the storage's 16-byte id, the leaf's index
+TRAILER_BYTES = 32
+_TRAILER_MAGIC = b"RBDLEAF2"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
 
@@ -38,8 +57,46 @@ def regular_size(fd: int, path: Path) -> int:
     return st.st_size
 
 
-def create_file(path: Path, size: int) -> None:
+def new_id() -> str:
+    """A new storage id: 128 random bits as 32 hex digits."""
+    return secrets.token_hex(16)
+
+
+def trailer(ident: str | None, index: int) -> bytes:
+    """The bytes after the rows of leaf ``index``'s file (none without an id)."""
+    if ident is None:
+        return b""
+    return _TRAILER_MAGIC + bytes.fromhex(ident) + index.to_bytes(8, "little")
+
+
+def check_trailer(found: bytes, ident: str | None, index: int, path: Path) -> None:
+    """Check a data file's trailer (the bytes after its rows) against ``layout.json``'s id.
+
+    Raises:
+        ValueError: naming the file, if the trailer is not this storage's leaf ``index``'s
+            (a file swapped in from another storage, checkpoint or leaf, or corrupt).
+    """
+    expected = trailer(ident, index)
+    if found == expected:
+        return
+    if len(found) == TRAILER_BYTES and found[:8] == _TRAILER_MAGIC:
+        other, leaf = found[8:24].hex(), int.from_bytes(found[24:], "little")
+        if other != ident:
+            raise ValueError(
+                f"{path}: belongs to another storage (id {other}, layout.json says {ident}); "
+                "a file swapped in from another storage directory or checkpoint"
+            )
+        raise ValueError(
+            f"{path}: holds leaf {leaf} of this storage, layout.json names it for leaf {index}; "
+            "files swapped or renamed"
+        )
+    raise ValueError(f"{path}: no valid storage id after the rows (corrupt trailer)")
+
+
+def create_file(path: Path, size: int, tail: bytes = b"") -> None:
     """Create ``path`` (no symlink followed) with ``size`` bytes reserved on disk.
+
+    ``tail`` (a :func:`trailer`) is written after the ``size`` bytes.
 
     The space is reserved with ``posix_fallocate`` (a full disk is an ``OSError`` here, not a
     SIGBUS at the first write through a mapping); where that is unsupported the file is sized
@@ -58,6 +115,8 @@ def create_file(path: Path, size: int) -> None:
                         err.errno, f"{path}: cannot reserve {size} bytes ({err.strerror})"
                     ) from err
                 os.ftruncate(fd, size)
+        if tail:
+            os.pwrite(fd, tail, size)
     except BaseException:
         os.close(fd)
         path.unlink(missing_ok=True)
@@ -71,9 +130,18 @@ def as_tensor(buf: Any, offset: int, nbytes: int, dtype: torch.dtype, shape: Any
 
 
 def map_file(
-    path: Path, dtype: torch.dtype, shape: tuple[int, ...], expected: int, private: bool, key: str
+    path: Path,
+    dtype: torch.dtype,
+    shape: tuple[int, ...],
+    expected: int,
+    private: bool,
+    key: str,
+    tail: tuple[str | None, int] = (None, 0),
 ) -> tuple[torch.Tensor, np.ndarray | None]:
-    """Map an existing data file of exactly ``expected`` bytes (symlinks refused).
+    """Map an existing data file of exactly ``expected`` bytes of rows (symlinks refused).
+
+    ``tail`` is the storage's id and the leaf's index: with an id, the file holds a
+    :func:`trailer` after its rows, checked here (see :func:`check_trailer`).
 
     Returns the tensor and the ``uint8`` numpy array over the mapping that owns its memory
     (``None`` for an empty file): the storage holds it, see ``rbdata/storages/_memory.py``.
@@ -81,11 +149,15 @@ def map_file(
     fd = open_fd(path, os.O_RDONLY if private else os.O_RDWR, "a storage file")
     try:
         size = regular_size(fd, path)
-        if size != expected:
+        extra = TRAILER_BYTES if tail[0] is not None else 0
+        if size != expected + extra:
+            with_id = f" + a {extra}-byte id trailer" if extra else ""
             raise ValueError(
-                f"{path}: {size} bytes on disk, expected {expected} for key {key} "
-                f"({shape[0]} x {list(shape[1:])} {dtype}); truncated or corrupt"
+                f"{path}: {size} bytes on disk, expected {expected + extra} for key {key} "
+                f"({shape[0]} x {list(shape[1:])} {dtype}{with_id}); truncated or corrupt"
             )
+        if extra:
+            check_trailer(os.pread(fd, extra, expected), *tail, path)
         if expected == 0:
             return torch.zeros(shape, dtype=dtype), None
         access = mmap.ACCESS_COPY if private else mmap.ACCESS_WRITE

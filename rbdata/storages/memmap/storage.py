@@ -58,6 +58,7 @@ from rbdata.storages.memmap._directory import (
     LAYOUT_FILE,
     check_meta,
     layout_meta,
+    new_id,
     read_layout,
 )
 from rbdata.storages.memmap._header import Header
@@ -110,6 +111,7 @@ class MemmapStorage(MemmapFiles):
         root, self._finalizer = storage_dir(self, path, "rbdata-memmap-")
         self._path = root
         self._private = False
+        self._id: str | None = new_id()  # layout.json's id, in every data file's trailer
         self._journal: Journal | None = None
         self._data_files: list[Path] = []
         self._header = Header(root / HEADER_FILE, create=True)
@@ -168,7 +170,7 @@ class MemmapStorage(MemmapFiles):
         return {"max_size": self.capacity}
 
     def _meta(self, layout: Layout | None) -> dict[str, Any]:
-        return layout_meta(self.capacity, layout)
+        return layout_meta(self.capacity, layout, self._id)
 
     def _current_layout(self) -> Layout | None:
         if self._layout is None and not self._private:  # another process's first write?
