@@ -403,6 +403,42 @@ class Model:
         return -(-len(self.items) // batch_size)
 
     # --- storage lifecycle ----------------------------------------------------------------
+    def _op_move_while_writing(self, op: dict[str, Any], result: Any) -> list[int]:
+        """A thread ``add``s items one by one while the storage is pickled for another process.
+
+        The pickle moves a TensorStorage's memory to shared memory (and shares a
+        MemmapStorage): no add may be lost to the move.
+        """
+        if self.cfg.storage == "memmap" and not self.cow:
+            self.shared = True  # pickled first, before the thread starts
+        slots: list[int] = []
+        for rank, done in zip(op["ranks"], op["dones"], strict=True):
+            written = self.write(self.new_items([rank], [done]), single=True)
+            slots.append(written[0] if written else -1)
+        return slots
+
+    def opener_can_join(self) -> bool | None:
+        """Whether another process's ``open(path)`` joins the storage (``None``: no path)."""
+        if self.cfg.storage == "memmap" and not self.cow:
+            return self.shared  # unshared: refused, naming this process
+        if self.cfg.storage == "arrow":
+            return False  # one writer: this one
+        return None
+
+    def _op_open_elsewhere(self, op: dict[str, Any], result: Any) -> list[int] | None:
+        """Another process opens the storage's path, extends it with a RoundRobinWriter, closes.
+
+        Joined (the storage is shared): its items go at the shared ring cursor and this
+        buffer's sampler hears of them; refused (``None``): nothing changes.
+        """
+        if not self.opener_can_join():
+            return None
+        items = self.new_items(op["ranks"], op["dones"])
+        slots = [(self.next_slot + j) % CAP for j in range(len(items))]
+        self._commit(slots, items)
+        self._on_write(slots, items)
+        return slots
+
     def _op_pickle(self, op: dict[str, Any], result: Any) -> None:
         if self.cfg.storage == "memmap" and not self.cow:
             self.shared = True  # pickling sends the path: the receiver may write too

@@ -14,10 +14,13 @@ Every stored field of an item encodes its id: ``id``, ``obs = [id, id + .25, id 
 from __future__ import annotations
 
 import io
+import json
 import math
 import os
 import pickle
 import select
+import signal
+import threading
 import time
 import traceback
 from collections.abc import Callable
@@ -47,8 +50,9 @@ from rbdata import (
     TensorStorage,
     UniformSampler,
 )
+from rbdata.errors import StorageInUseError
 
-__all__ = ["FORK_TIMEOUT", "Data", "Runner", "describe"]
+__all__ = ["FORK_TIMEOUT", "Data", "Opener", "Runner", "describe"]
 
 FORK_TIMEOUT = 60.0  # a forked reader child, a DataLoader worker batch
 
@@ -254,6 +258,8 @@ class Runner:
         self.data = Data(strings=cfg.strings, wide=wide)
         self.model = Model(cfg)
         self.paths = 0
+        # forked before any storage exists here: the fork shares nothing
+        self.opener = Opener(cfg.storage) if cfg.storage in ("memmap", "arrow") else None
         self.rb = self.new_buffer(self.new_storage())
 
     # --- construction ------------------------------------------------------------------
@@ -291,6 +297,8 @@ class Runner:
         close = getattr(self.rb.storage, "close", None)
         if close is not None:
             close()
+        if self.opener is not None:
+            self.opener.stop()
 
     def _retire(self, rb: ReplayBuffer) -> None:
         """Close the storage of a buffer that another one replaced."""
@@ -325,7 +333,7 @@ class Runner:
         else:
             result, returned = do(op)
             expected = model.apply(op, result)
-            if op["op"] in ("extend", "add"):
+            if op["op"] in ("extend", "add", "move_while_writing", "open_elsewhere"):
                 if isinstance(returned, torch.Tensor):
                     returned = returned.tolist()
                 if returned != expected:
@@ -547,6 +555,43 @@ class Runner:
                 b.share_memory_()
         return None, None
 
+    def do_move_while_writing(self, op: dict[str, Any]) -> tuple[Any, Any]:
+        """A thread adds items while this one pickles the storage for another process."""
+        first = self.model.next_id
+        items = [
+            self.data.item(first + j, rank, done, "tensor")
+            for j, (rank, done) in enumerate(zip(op["ranks"], op["dones"], strict=True))
+        ]
+        storage = self.rb.storage
+        ForkingPickler.dumps(storage)  # once before: a MemmapStorage is shared from here
+        slots: list[int] = []
+        errors: list[BaseException] = []
+
+        def write() -> None:
+            try:
+                slots.extend(self.rb.add(item) for item in items)
+            except BaseException as err:
+                errors.append(err)
+
+        thread = threading.Thread(target=write)
+        thread.start()
+        while thread.is_alive():
+            ForkingPickler.dumps(storage)  # moves a TensorStorage's memory (the first time)
+        thread.join()
+        if errors:
+            raise errors[0]
+        return None, slots
+
+    def do_open_elsewhere(self, op: dict[str, Any]) -> tuple[Any, Any]:
+        """Another process opens the path, extends with a RoundRobinWriter, closes."""
+        first = self.model.next_id
+        ids = list(range(first, first + len(op["ranks"])))
+        reply = self.opener.run(self.rb.storage.path, self.data, ids, op["ranks"], op["dones"])
+        if reply.get("error"):
+            raise ModelError(f"the other process failed:\n{reply['error']}")
+        len(self.rb)  # the buffer looks at the shared count: its sampler hears of the items
+        return None, reply.get("slots")
+
     def do_fork_read(self, op: dict[str, Any]) -> tuple[Any, Any]:
         read, write = os.pipe()
         pid = os.fork()
@@ -616,6 +661,77 @@ class Runner:
     def do_bad(self, op: dict[str, Any]) -> tuple[Any, Any]:
         BAD_CALLS[op["kind"]](self, op)
         return None, None
+
+
+class Opener:
+    """Another process that opens a storage's path and extends it (``open_elsewhere``).
+
+    Forked when the runner starts, before it makes any storage (so the fork shares none); it
+    waits for requests on a pipe and answers each with the slots it wrote, ``None`` when the
+    open was refused (``StorageInUseError``), or the error.
+    """
+
+    def __init__(self, kind: str) -> None:
+        self.kind = kind
+        req_r, self._req = os.pipe()
+        self._rep, rep_w = os.pipe()
+        self.pid = os.fork()
+        if self.pid == 0:  # the other process: serve, never return
+            os.close(self._req)
+            os.close(self._rep)
+            code, parent = 0, os.getppid()
+            try:
+                with os.fdopen(req_r, "r") as requests, os.fdopen(rep_w, "w") as replies:
+                    while os.getppid() == parent:  # an orphan stops
+                        if not select.select([requests], [], [], 1.0)[0]:
+                            continue
+                        line = requests.readline()
+                        if not line:
+                            break
+                        replies.write(json.dumps(self._serve(json.loads(line))) + "\n")
+                        replies.flush()
+            except BaseException:
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(req_r)
+        os.close(rep_w)
+        self._replies = os.fdopen(self._rep, "r")
+
+    def _serve(self, req: dict[str, Any]) -> dict[str, Any]:
+        try:
+            cls = MemmapStorage if self.kind == "memmap" else ArrowStorage
+            try:
+                storage = cls.open(req["path"])
+            except StorageInUseError:
+                return {"slots": None}
+            try:
+                data = Data(strings=req["strings"], wide=req["wide"])
+                batch = data.batch(req["ids"], req["ranks"], req["dones"], "dict")
+                slots = ReplayBuffer(storage).extend(batch).tolist()
+            finally:
+                storage.close()
+            return {"slots": slots}
+        except BaseException as err:
+            return {"error": "".join(traceback.format_exception(err))[-8000:]}
+
+    def run(
+        self, path: Path, data: Data, ids: list[int], ranks: list[float], dones: list[bool]
+    ) -> dict[str, Any]:
+        req = {"path": str(path), "strings": data.strings, "wide": data.wide}
+        req.update(ids=ids, ranks=ranks, dones=dones)
+        os.write(self._req, (json.dumps(req) + "\n").encode())
+        line = self._replies.readline()
+        if not line:
+            raise ModelError("the other process died")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    def stop(self) -> None:
+        os.close(self._req)
+        self._replies.close()
+        os.kill(self.pid, signal.SIGKILL)  # forked readers may hold the pipe open: no wait
+        os.waitpid(self.pid, 0)
 
 
 def _rows(batch: Any) -> dict[str, Any]:

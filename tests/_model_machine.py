@@ -232,6 +232,13 @@ def _allowed(cfg: Config, model: Model, op: dict[str, Any]) -> bool:
         return model.reopenable
     if kind == "share":
         return cfg.storage == "memmap" or (cfg.storage == "tensor" and model.layout)
+    if kind == "move_while_writing":
+        return model.refusal({"op": "add"}) is None
+    if kind == "open_elsewhere":
+        joins = model.opener_can_join()
+        if joins is None or cfg.writer != "round_robin":
+            return False
+        return not joins or model.refusal({"op": "extend", "n": len(op["ranks"])}) is None
     if kind == "bad":
         return op["kind"] in bad_kinds(model)
     return True
@@ -316,6 +323,8 @@ WEIGHTS = [
     ("loads", 4),
     ("state_dict", 4),
     ("reopen", 3),
+    ("move_while_writing", 2),
+    ("open_elsewhere", 2),
 ]
 
 
@@ -372,6 +381,8 @@ def make_machine(
             "loads": m.ckpt is not None,
             "state_dict": True,
             "reopen": m.reopenable,
+            "move_while_writing": pickles and m.refusal({"op": "add"}) is None,
+            "open_elsewhere": cfg.writer == "round_robin" and m.opener_can_join() is not None,
         }
         return [kind for kind, weight in WEIGHTS for _ in range(weight) if can[kind]]
 
@@ -500,6 +511,24 @@ def make_machine(
 
         def draw_share(self, data: Any) -> dict[str, Any]:
             return {"op": "share"}
+
+        def draw_move_while_writing(self, data: Any) -> dict[str, Any]:
+            n = data.draw(st.integers(1, CAP), label="n")
+            return {
+                "op": "move_while_writing",
+                "ranks": data.draw(st.lists(ranks, min_size=n, max_size=n)),
+                "dones": data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+            }
+
+        def draw_open_elsewhere(self, data: Any) -> dict[str, Any] | None:
+            n = data.draw(st.integers(1, CAP), label="n")
+            if self.model.opener_can_join() and self.model.refusal({"op": "extend", "n": n}):
+                return None  # its write would not continue the slice sampler's time order
+            return {
+                "op": "open_elsewhere",
+                "ranks": data.draw(st.lists(ranks, min_size=n, max_size=n)),
+                "dones": data.draw(st.lists(st.booleans(), min_size=n, max_size=n)),
+            }
 
         def draw_dataloader(self, data: Any) -> dict[str, Any]:
             # spawned workers cost seconds: at most one such epoch per sequence

@@ -24,6 +24,7 @@ import torch
 from _child import run_child
 
 from rbdata import ReplayBuffer
+from rbdata.errors import StorageInUseError
 from rbdata.storages import ArrowStorage
 
 META = "_rbdata.json"
@@ -144,13 +145,13 @@ def test_closing_a_storage_that_wrote_nothing_writes_no_file(tmp_path: Path) -> 
     owner.set(slice(0, 13), rows(range(13)))
     owner.flush()
     reader = ArrowStorage.open(path, recover=False)
-    opened = ArrowStorage.open(path)
+    with pytest.raises(StorageInUseError, match="one writer"):
+        ArrowStorage.open(path)  # a second writer: refused, so it never publishes either
     owner.set(slice(13, 20), rows(range(13, 20)))
     owner.flush()
     files = {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.iterdir()}
     assert reader[torch.arange(13)]["id"].tolist() == list(range(13))
     reader.close()
-    opened.close()
     assert {p.name: (p.read_bytes(), p.stat().st_mtime_ns) for p in path.iterdir()} == files
     owner.close()
     again = ArrowStorage.open(path)

@@ -168,3 +168,40 @@ def test_first_write_in_child_is_seen_by_parent(tmp_path: Path) -> None:
     assert len(storage) == 3
     torch.testing.assert_close(storage[2], torch.tensor([4.0, 5.0]))
     assert os.path.exists(tmp_path / "rb")
+
+
+def test_read_only_open_refuses_every_write_and_pickles_its_path(tmp_path: Path) -> None:
+    """What a dataset entry opens (issue 34, item 8): no write, and workers map the files."""
+    from multiprocessing.reduction import ForkingPickler
+
+    from rbdata.errors import ReadOnlyError
+
+    storage = MemmapStorage(4096, path=tmp_path / "rb")
+    data = torch.arange(4096 * 64, dtype=torch.float32).view(4096, 64)
+    storage.set(slice(0, 4096), data)  # 1 MiB
+    storage.close()
+    files = {p.name: p.read_bytes() for p in (tmp_path / "rb").iterdir()}
+    ro = MemmapStorage.open(tmp_path / "rb", read_only=True)
+    assert torch.equal(ro[torch.arange(4096)], data)
+    rb = ReplayBuffer(ro)
+    for write in (
+        lambda: ro.set(0, torch.zeros(64)),
+        lambda: ro.set([1, 2], torch.zeros(2, 64)),
+        lambda: rb.add(torch.zeros(64)),
+        lambda: rb.extend(torch.zeros(3, 64)),
+        ro.clear,
+        lambda: ro.copy_from(ro),
+    ):
+        with pytest.raises(ReadOnlyError, match="read_only=True"):
+            write()
+    assert torch.equal(ro[torch.arange(4096)], data) and len(ro) == 4096
+    for dumps in (pickle.dumps, ForkingPickler.dumps):
+        wire = dumps(ro)
+        assert len(wire) < 4096  # the path, not the 1 MiB of rows
+        copy = pickle.loads(wire)
+        assert torch.equal(copy[torch.arange(4096)], data)
+        with pytest.raises(ReadOnlyError):
+            copy.set(0, torch.zeros(64))
+        copy.close()
+    ro.close()
+    assert {p.name: p.read_bytes() for p in (tmp_path / "rb").iterdir()} == files

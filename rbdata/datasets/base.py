@@ -38,15 +38,15 @@ def _open_storage(entry: Path, backend: str) -> Storage:
     """The entry's storage, opened read-only: no file in the entry is opened for writing.
 
     A converted entry never changes, and may sit on a read-only file system (a shared cluster
-    cache, a container image): a memmap storage is mapped copy-on-write (reads from the
-    files, lazily; the header read once), an Arrow storage as a reading copy (no journal;
-    closing it writes nothing).
+    cache, a container image): a memmap storage is opened ``read_only`` (mapped
+    copy-on-write, writes refused, pickled as its path), an Arrow storage as a reading copy
+    (no journal; closing it writes nothing).
     """
     path = entry / STORAGE_DIR
     if path.is_symlink() or not path.is_dir():
         raise FileNotFoundError(f"{entry}: no storage directory")
     if backend == "memmap":
-        return MemmapStorage.open(path, copy_on_write=True)
+        return MemmapStorage.open(path, read_only=True)
     if backend == "arrow":
         return ArrowStorage.open(path, recover=False)
     raise ValueError(f"{entry}: unknown backend {backend!r}")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,20 @@ class ListStorage(Storage):
         # where the stored tensors are (the first write's device); later writes move there,
         # so that every batch stacks
         self._item_device: torch.device | None = None
+        # writes against pickling: a pickle taken while another thread writes holds the
+        # storage before or after each write, whole (never a dict changing under it)
+        self._write_lock = threading.Lock()
+
+    def __getstate__(self) -> dict[str, Any]:
+        with self._write_lock:
+            state = self.__dict__.copy()
+            state["_items"] = list(self._items)
+        del state["_write_lock"]
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+        self._write_lock = threading.Lock()
 
     def prepare(self, data: Any, batched: bool) -> Prepared:
         """Validate tensor-like data against the layout; take any other objects as they are.
@@ -116,11 +131,12 @@ class ListStorage(Storage):
 
     def commit(self, target: WriteTarget, prepared: Prepared) -> None:
         """Write prepared data; the first write of non-tensor objects fixes the object mode."""
-        if self._layout is None and prepared.layout is None and prepared.n:
-            self._objects = True
-        super().commit(target, prepared)
-        if self._item_device is None and prepared.layout is not None and prepared.payload:
-            self._item_device = prepared.payload[0].device
+        with self._write_lock:
+            if self._layout is None and prepared.layout is None and prepared.n:
+                self._objects = True
+            super().commit(target, prepared)
+            if self._item_device is None and prepared.layout is not None and prepared.payload:
+                self._item_device = prepared.payload[0].device
 
     def _allocate(self, layout: Layout) -> None:
         pass
@@ -172,9 +188,10 @@ class ListStorage(Storage):
 
     def clear(self) -> None:
         """Forget all items and drop the references to them."""
-        super().clear()
-        self._items = []
-        self._item_device = None
+        with self._write_lock:
+            super().clear()
+            self._items = []
+            self._item_device = None
 
     # --- persistence: the items go into the checkpoint's JSON state (_list_persist.py) ------
     def dump(
@@ -220,10 +237,12 @@ class ListStorage(Storage):
             super().copy_from(src)
             return
         self.clear()
-        self._items, self._objects, self._layout = list(src._items), src._objects, src._layout
-        self._set_length(len(src))
-        self._set_next(src.next_slot)
-        self._items_written += len(src)
+        with self._write_lock:
+            self._items, self._objects = list(src._items), src._objects
+            self._layout = src._layout
+            self._set_length(len(src))
+            self._set_next(src.next_slot)
+            self._items_written += len(src)
 
     @classmethod
     def describe(

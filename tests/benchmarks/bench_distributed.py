@@ -222,8 +222,10 @@ def bench_version_check(cfg: Config, rep: Report) -> None:
     storage = MemmapStorage(cap)
     rb = ReplayBuffer(storage=storage)
     rb.extend(_code_batch(cap, 1))
-    plain = MemmapStorage.open(storage.path)  # unshared: no versions
     storage.share()
+    # the same files, no versions: a second read/write open here would join the shared
+    # holder (rbdata._holders), a read-only one maps them privately and checks nothing
+    plain = MemmapStorage.open(storage.path, read_only=True)
     gen = torch.Generator().manual_seed(0)
     idx = [torch.randint(cap, (bs,), generator=gen) for _ in range(64)]
     state = {"i": 0}

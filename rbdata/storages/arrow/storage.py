@@ -55,6 +55,7 @@ own booleans are bit-packed.
 from __future__ import annotations
 
 import os
+import threading
 import weakref
 from pathlib import Path
 from typing import Any
@@ -168,6 +169,7 @@ class ArrowStorage(ArrowFiles):
         self._owner_pid = os.getpid()
         self._dropped = None  # the finalizer that flushes a dropped storage
         self._hold = None
+        self._write_lock = threading.RLock()  # writes and flushes of several threads, in turn
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
@@ -207,18 +209,19 @@ class ArrowStorage(ArrowFiles):
         closing or dropping a storage that was only read writes no file (a read-only
         directory, a reading copy in another process).
         """
-        if not self._unsynced:
-            return
-        for k, chunk in list(self._chunks.items()):
-            if chunk.is_open:
-                seal(self, k, fsync)
-            elif fsync and chunk.mapped is not None:
-                chunk.mapped.flush()
-        self._epoch += 1
-        write_meta(self, fsync)
-        if self._journal is not None:
-            self._journal.reset()
-        self._unsynced = not fsync
+        with self._write_lock:  # a write of another thread lands before or after, whole
+            if not self._unsynced:
+                return
+            for k, chunk in list(self._chunks.items()):
+                if chunk.is_open:
+                    seal(self, k, fsync)
+                elif fsync and chunk.mapped is not None:
+                    chunk.mapped.flush()
+            self._epoch += 1
+            write_meta(self, fsync)
+            if self._journal is not None:
+                self._journal.reset()
+            self._unsynced = not fsync
 
     def close(self) -> None:
         """Flush, then unmap the files; a temporary directory (``path=None``) is removed."""
@@ -242,9 +245,10 @@ class ArrowStorage(ArrowFiles):
             self._finalizer()
 
     def __getstate__(self) -> dict[str, Any]:
-        self.flush()  # the receiving process maps the files: they must hold every row
-        if self._hold is not None:  # it reads them: no chunk file changes in place from now on
-            self._hold.readers = True
+        with self._write_lock:  # no write of another thread between the two steps
+            if self._hold is not None:  # the receiver maps the files: none changes in place
+                self._hold.readers = True
+            self.flush()  # the receiving process maps the files: they must hold every row
         return {"path": str(self._path), "owner": self._owner_pid}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -272,16 +276,17 @@ class ArrowStorage(ArrowFiles):
 
     def clear(self) -> None:
         """Forget all items; the chunk files are removed (the layout is kept)."""
-        super().clear()
-        self._chunks = {}
-        self._addresses = None
-        self._epoch += 1  # first: the journal's records no longer apply
-        write_meta(self)
-        if self._journal is not None:
-            self._journal.reset()
-        for file in self._path.iterdir():
-            if file.name.startswith("chunk-") and file.name.endswith(".arrow"):
-                file.unlink(missing_ok=True)
+        with self._write_lock:
+            super().clear()
+            self._chunks = {}
+            self._addresses = None
+            self._epoch += 1  # first: the journal's records no longer apply
+            write_meta(self)
+            if self._journal is not None:
+                self._journal.reset()
+            for file in self._path.iterdir():
+                if file.name.startswith("chunk-") and file.name.endswith(".arrow"):
+                    file.unlink(missing_ok=True)
 
     # --- reading -----------------------------------------------------------------------------
     def column(self, key: str | Key, chunk: int = 0) -> Any:
@@ -364,15 +369,16 @@ class ArrowStorage(ArrowFiles):
                 "processes only read. Write from the owner, or use a MemmapStorage, which "
                 "many processes may extend at once; nothing was written"
             )
-        if prepared.layout is not None:
-            self._ensure_layout(prepared.layout)  # the metadata names the layout first
-        journal = self._journal
-        if journal is not None and not self._replaying:
-            log_write(self, journal, target, prepared)
-        super().commit(target, prepared)
-        seal_left(self)
-        if journal is not None and journal.size > _JOURNAL_LIMIT:
-            self._sync(fsync=False)  # a kill keeps the page cache: no wait for the disk
+        with self._write_lock:  # against a flush (pickling) in another thread
+            if prepared.layout is not None:
+                self._ensure_layout(prepared.layout)  # the metadata names the layout first
+            journal = self._journal
+            if journal is not None and not self._replaying:
+                log_write(self, journal, target, prepared)
+            super().commit(target, prepared)
+            seal_left(self)
+            if journal is not None and journal.size > _JOURNAL_LIMIT:
+                self._sync(fsync=False)  # a kill keeps the page cache: no wait for the disk
 
     def _set_length(self, n: int) -> None:
         # rows between the old and the new length exist (zeros, empty, "") in open chunks

@@ -56,7 +56,10 @@ __all__ = [
 
 
 def open_dir(
-    cls: type[MemmapStorage], path: str | os.PathLike[str], copy_on_write: bool = False
+    cls: type[MemmapStorage],
+    path: str | os.PathLike[str],
+    copy_on_write: bool = False,
+    read_only: bool = False,
 ) -> MemmapStorage:
     """``MemmapStorage.open``: see its docstring."""
     root = Path(path)
@@ -66,7 +69,8 @@ def open_dir(
     TensorStorage.__init__(storage, capacity, device="cpu")
     storage._finalizer = None
     storage._path = root
-    storage._private = bool(copy_on_write)
+    storage._private = bool(copy_on_write or read_only)
+    storage._read_only = bool(read_only)
     storage._id = storage_id(root, meta)
     storage._journal = None
     storage._data_files = []
@@ -152,6 +156,8 @@ def replay(storage: MemmapStorage) -> None:
 def get_state(storage: MemmapStorage) -> dict[str, Any]:
     """``__getstate__``: a shared storage sends its path, a private copy its data."""
     storage._check_open()
+    if storage._read_only:  # nothing written here: the receiver opens the files read-only
+        return {"path": str(storage._path), "read_only": True}
     if not storage._private:
         storage._become_shared()  # the receiver may write while this process does
         return {"path": str(storage._path)}
@@ -169,11 +175,13 @@ def get_state(storage: MemmapStorage) -> dict[str, Any]:
 def set_state(storage: MemmapStorage, state: dict[str, Any]) -> None:
     """``__setstate__``: the same files mapped again, or a private copy rebuilt."""
     if "buffers" not in state:
-        other = type(storage).open(state["path"])
+        read_only = bool(state.get("read_only", False))
+        other = type(storage).open(state["path"], read_only=read_only)
         LIVE.discard(other)
         storage.__dict__.update(other.__dict__)
         other.__dict__.clear()
-        storage._become_shared()
+        if not read_only:
+            storage._become_shared()
         LIVE.add(storage)
         return
     TensorStorage.__init__(storage, state["capacity"], device="cpu")

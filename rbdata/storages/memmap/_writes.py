@@ -51,7 +51,7 @@ def commit(storage: MemmapStorage, target: WriteTarget, prepared: Prepared) -> N
     slots holds it already: it nests), so a ``set`` of this process and another process's
     write never interleave, and the cursor it moves or keeps is the one every process sees.
     """
-    storage._check_open()
+    storage._check_writable()
     if not storage._shared:
         _commit(storage, target, prepared)
         return
@@ -118,7 +118,7 @@ def add_fast(storage: MemmapStorage, slot: int, item: Any, check: Any = None) ->
 def write_row(storage: MemmapStorage, slot: int, values: list[Any]) -> bool:
     """:meth:`TensorStorage.write_row`, crash-atomic (journaled over a live slot)."""
     arrays = storage._views()
-    if storage._shared or arrays is None or storage._closed:
+    if storage._shared or arrays is None or storage._closed or storage._read_only:
         return False
     header = storage._header
     length = header.length
@@ -145,7 +145,7 @@ def write_row(storage: MemmapStorage, slot: int, values: list[Any]) -> bool:
 
 def write_rows(storage: MemmapStorage, start: int, n: int, values: list[Any]) -> bool:
     """:meth:`TensorStorage.write_rows`, crash-atomic (journaled over live slots)."""
-    if storage._shared or storage._np_buffers is None or storage._closed:
+    if storage._shared or storage._np_buffers is None or storage._closed or storage._read_only:
         return False
     header, cap = storage._header, storage._capacity
     length = header.length

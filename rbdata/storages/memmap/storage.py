@@ -51,7 +51,9 @@ from rbdata._files import atomic_write_json, storage_dir
 from rbdata._holders import Holders
 from rbdata._layout import Layout
 from rbdata._torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
+from rbdata.errors import ReadOnlyError
 from rbdata.storages import _memory
+from rbdata.storages.base import Storage
 from rbdata.storages.memmap import _lifecycle, _sharing, _writes
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
@@ -104,6 +106,7 @@ class MemmapStorage(MemmapFiles):
     _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
     _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
     _own = 0  # items this process committed through commit (see own_writes)
+    _read_only = False  # opened read_only=True: every write refused (see open)
 
     @torchrl_keywords(MEMMAP_KEYWORDS)
     def __init__(self, max_size: int, path: str | os.PathLike[str] | None = None) -> None:
@@ -125,7 +128,9 @@ class MemmapStorage(MemmapFiles):
 
     # --- opening, closing, pickling (the mechanisms: _lifecycle.py) -----------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str], copy_on_write: bool = False) -> MemmapStorage:
+    def open(
+        cls, path: str | os.PathLike[str], copy_on_write: bool = False, read_only: bool = False
+    ) -> MemmapStorage:
         """Reopen an existing storage directory (e.g. after a restart or a crash).
 
         Everything read is validated first: every field of ``layout.json`` and of the header
@@ -139,6 +144,10 @@ class MemmapStorage(MemmapFiles):
                 writes stay in this process's memory and never reach the files (how a
                 checkpoint is loaded). Such a storage pickles its data, not its path.
                 ``False`` (default): read/write, shared with every process that holds it.
+            read_only: map the files as ``copy_on_write`` does (no file is opened for
+                writing: a read-only file system, a shared dataset cache) and refuse every
+                write (``ReadOnlyError``). Pickling sends the path: the receiver opens the
+                files read-only too.
 
         Who holds the directory decides how it is written (``holders.bin``, see
         :mod:`rbdata._holders`): opened by no one else, this process is its one holder
@@ -153,7 +162,7 @@ class MemmapStorage(MemmapFiles):
             ValueError: naming the file and the field that is corrupt or out of range.
             StorageInUseError: another process holds the directory unshared.
         """
-        return _lifecycle.open_dir(cls, path, copy_on_write)
+        return _lifecycle.open_dir(cls, path, copy_on_write, read_only)
 
     _check_header = _lifecycle.check_header
     _map_files = _lifecycle.map_files
@@ -277,8 +286,22 @@ class MemmapStorage(MemmapFiles):
 
     def clear(self) -> None:
         """Forget all items (one atomic header update; files and layout are kept)."""
-        self._check_open()
+        self._check_writable()
         self._header.publish(0, 0)
+
+    def copy_from(self, src: Storage) -> None:
+        """:meth:`TensorStorage.copy_from`; refused by a storage opened ``read_only``."""
+        self._check_writable()
+        super().copy_from(src)
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        if self._read_only:
+            raise ReadOnlyError(
+                f"MemmapStorage at {str(self._path)!r} was opened with read_only=True: it "
+                "refuses writes; open it without read_only (or copy_on_write=True for "
+                "writes that stay in this process); nothing was written"
+            )
 
     # --- the write path (bound from _writes.py: no extra call on add / extend) -------------
     commit = _writes.commit
