@@ -152,6 +152,21 @@ def test_a_data_file_swapped_between_storage_directories_is_refused(tmp_path: Pa
             MemmapStorage.open(path, copy_on_write=True)
 
 
+@pytest.mark.parametrize("read_only", [False, True])
+def test_a_header_swapped_between_storage_directories_is_refused(
+    tmp_path: Path, read_only: bool
+) -> None:
+    a, b = _storage(tmp_path / "a", 1), _storage(tmp_path / "b", 2)
+    _swap(a / "header.bin", b / "header.bin")  # same length and next: only the id differs
+    for path in (a, b):
+        with pytest.raises(ValueError, match=r"header\.bin: belongs to another storage"):
+            MemmapStorage.open(path, read_only=read_only)
+    _swap(a / "header.bin", b / "header.bin")  # back: both open again
+    assert MemmapStorage.open(a, read_only=True)[9]["id"].item() != MemmapStorage.open(
+        b, read_only=True
+    )[9]["id"].item()
+
+
 def test_leaf_files_renamed_within_a_storage_are_refused(tmp_path: Path) -> None:
     path = tmp_path / "s"
     storage = MemmapStorage(CAP, path=path)
@@ -168,7 +183,7 @@ def test_a_version_1_directory_without_ids_still_opens(tmp_path: Path) -> None:
     del meta["id"]
     meta["version"] = 1
     (path / "layout.json").write_text(json.dumps(meta))
-    for leaf in path.glob("*-*.bin"):
+    for leaf in [*path.glob("*-*.bin"), path / "header.bin"]:
         with open(leaf, "r+b") as f:
             f.truncate(leaf.stat().st_size - 32)  # the format before trailers
     storage = MemmapStorage.open(path)

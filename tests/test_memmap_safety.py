@@ -117,7 +117,8 @@ def test_header_fields_are_range_checked(tmp_path: Path, length: int, nxt: int, 
     from rbdata.storages.memmap._header import encode_header
 
     root = six_of_eight(tmp_path / "st")
-    (root / "header.bin").write_bytes(encode_header(length, nxt))
+    ident = json.loads((root / "layout.json").read_text())["id"]
+    (root / "header.bin").write_bytes(encode_header(length, nxt, ident))
     with pytest.raises(
         ValueError, match=rf"header\.bin: field '{field}' is {nxt if field == 'next' else length}"
     ):
@@ -136,8 +137,13 @@ def test_corrupt_header_checksum_is_refused(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("copy_on_write", [False, True])
 def test_header_of_the_unreleased_format_is_refused(tmp_path: Path, copy_on_write: bool) -> None:
+    from rbdata.storages.memmap._header import HEADER_LEAF
+    from rbdata.storages.memmap._rawfile import trailer
+
     root = six_of_eight(tmp_path / "st")
+    ident = json.loads((root / "layout.json").read_text())["id"]
     legacy = struct.pack("=8q", 6, 6, 0, 0, 0, 0, 0, 0)  # 0.1.0: length, next, zeros
+    legacy += trailer(ident, HEADER_LEAF)  # (the id of this directory: the records are old)
     (root / "header.bin").write_bytes(legacy)
     with pytest.raises(ValueError, match=r"header\.bin: no magic 'RBDHDR02'.*0\.1\.0"):
         MemmapStorage.open(root, copy_on_write=copy_on_write)

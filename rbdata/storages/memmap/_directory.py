@@ -29,7 +29,6 @@ from rbdata._files import (
 )
 from rbdata._layout import TENSOR, Layout
 from rbdata.storages.memmap._header import (
-    HEADER_BYTES,
     encode_header,
 )
 from rbdata.storages.memmap._rawfile import new_id, trailer
@@ -254,9 +253,9 @@ def write_directory(
     root = Path(path)
     root.mkdir(parents=True)
     n, layout = len(storage), storage.layout
-    header = encode_header(n, storage.next_slot)
-    _write_file(root / HEADER_FILE, [header], HEADER_BYTES, fsync)
     ident = new_id()
+    header = encode_header(n, storage.next_slot, ident)
+    _write_file(root / HEADER_FILE, [header], len(header), fsync)
     meta = layout_meta(storage.capacity, layout, ident)
     if layout is not None:
         jobs = sorted(
@@ -379,8 +378,8 @@ class DirectoryWriter:
                 f.flush()
                 os.fsync(f.fileno())
             f.close()
-        header = encode_header(self.rows, self.rows % self.capacity)
-        _write_file(self.root / HEADER_FILE, [header], HEADER_BYTES, self._fsync)
+        header = encode_header(self.rows, self.rows % self.capacity, self._id)
+        _write_file(self.root / HEADER_FILE, [header], len(header), self._fsync)
         atomic_write_json(self.root / LAYOUT_FILE, self._meta, self._fsync)
 
     def abort(self) -> None:

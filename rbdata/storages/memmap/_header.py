@@ -11,6 +11,11 @@ record) catches a hand-edited or corrupt header at open.
 
 The format of the unreleased rbdata 0.1.0 (a header ``length, next`` with no magic) is not
 read: opening a storage that has one is a ``ValueError`` that says so, and changes nothing.
+
+In a directory with an id (``layout.json``'s ``"id"``, format version 2) the 64 bytes are
+followed by the id's trailer (:data:`HEADER_LEAF` as its index; see
+:func:`~rbdata.storages.memmap._rawfile.trailer`), checked when the header is opened: a
+``header.bin`` swapped in from another storage or checkpoint is refused (one 32-byte read).
 """
 
 from __future__ import annotations
@@ -23,11 +28,27 @@ from pathlib import Path
 
 import numpy as np
 
-from rbdata.storages.memmap._rawfile import open_fd, regular_size
+from rbdata.storages.memmap._rawfile import (
+    TRAILER_BYTES,
+    check_trailer,
+    open_fd,
+    regular_size,
+    trailer,
+)
 
-__all__ = ["HEADER_BYTES", "HEADER_TERMS", "LEGACY", "Header", "decode_header", "encode_header"]
+__all__ = [
+    "HEADER_BYTES",
+    "HEADER_LEAF",
+    "HEADER_TERMS",
+    "LEGACY",
+    "Header",
+    "decode_header",
+    "encode_header",
+]
 
 HEADER_BYTES = 64
+#: the index in the header's id trailer (the data files' trailers hold their leaf's index)
+HEADER_LEAF = (1 << 63) - 1
 _MAGIC = int.from_bytes(b"RBDHDR02", "little")
 _MASK = (1 << 63) - 1
 
@@ -44,9 +65,14 @@ def _check(length: int, nxt: int, slot: int) -> int:
     return ((x ^ _MAGIC) & _MASK) or 1
 
 
-def encode_header(length: int, nxt: int) -> bytes:
-    """The 64 bytes of a header holding ``length`` and ``next`` (record 0 active)."""
-    return struct.pack("=8q", _MAGIC, 0, length, nxt, _check(length, nxt, 0), 0, 0, 0)
+def encode_header(length: int, nxt: int, ident: str | None = None) -> bytes:
+    """A header holding ``length`` and ``next`` (record 0 active), then ``ident``'s trailer.
+
+    64 bytes, then :data:`~rbdata.storages.memmap._rawfile.TRAILER_BYTES` more when the
+    directory has an id (``None``: a version-1 directory, which has none).
+    """
+    record = struct.pack("=8q", _MAGIC, 0, length, nxt, _check(length, nxt, 0), 0, 0, 0)
+    return record + trailer(ident, HEADER_LEAF)
 
 
 LEGACY = (
@@ -75,16 +101,21 @@ def decode_header(words: Sequence[int], path: Path) -> tuple[int, int]:
 class Header:
     """The shared (or private, for copy-on-write) double-record header of a storage."""
 
-    def __init__(self, path: Path, create: bool, private: bool = False) -> None:
+    def __init__(
+        self, path: Path, create: bool, private: bool = False, ident: str | None = None
+    ) -> None:
         self._mmap: mmap.mmap | None = None
         self._length_term = (-1, 0)
         self.path = path
         if create:
-            _replace(path, encode_header(0, 0))
+            _replace(path, encode_header(0, 0, ident))
         fd = open_fd(path, os.O_RDONLY if private else os.O_RDWR, "header.bin")
         try:
-            if regular_size(fd, path) != HEADER_BYTES:
-                raise ValueError(f"{path}: expected a {HEADER_BYTES}-byte header, file is corrupt")
+            size = HEADER_BYTES + (0 if ident is None else TRAILER_BYTES)
+            if regular_size(fd, path) != size:
+                raise ValueError(f"{path}: expected a {size}-byte header, file is corrupt")
+            if ident is not None:  # this directory's header, not another storage's
+                check_trailer(os.pread(fd, TRAILER_BYTES, HEADER_BYTES), ident, HEADER_LEAF, path)
             words = struct.unpack("=8q", os.pread(fd, HEADER_BYTES, 0))
             self.first = decode_header(words, path)
             if private:

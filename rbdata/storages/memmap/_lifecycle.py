@@ -82,7 +82,7 @@ def open_dir(
         storage._holders = Holders(root, "MemmapStorage", lambda: cls._adopt(root))
     try:
         storage._header = header = Header(
-            inside(root, HEADER_FILE), create=False, private=storage._private
+            inside(root, HEADER_FILE), create=False, private=storage._private, ident=storage._id
         )
     except BaseException:
         storage._header = None  # type: ignore[assignment]

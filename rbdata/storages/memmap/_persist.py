@@ -202,8 +202,9 @@ def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
     """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
     meta = read_layout(root)
     capacity, layout, files = check_meta(root, meta)
-    extra = TRAILER_BYTES if storage_id(root, meta) is not None else 0
-    header = Header(inside(root, HEADER_FILE), create=False, private=True)
+    ident = storage_id(root, meta)
+    extra = TRAILER_BYTES if ident is not None else 0
+    header = Header(inside(root, HEADER_FILE), create=False, private=True, ident=ident)
     length, nxt = header.first
     header.close()
     file = root / HEADER_FILE

@@ -117,7 +117,7 @@ class MemmapStorage(MemmapFiles):
         self._id: str | None = new_id()  # layout.json's id, in every data file's trailer
         self._journal: Journal | None = None
         self._data_files: list[Path] = []
-        self._header = Header(root / HEADER_FILE, create=True)
+        self._header = Header(root / HEADER_FILE, create=True, ident=self._id)
         self._state = SharedState(None)  # the file comes when the storage is shared
         self._shared = False
         self._last_write = (0, 0)
