@@ -162,9 +162,10 @@ def test_a_header_swapped_between_storage_directories_is_refused(
         with pytest.raises(ValueError, match=r"header\.bin: belongs to another storage"):
             MemmapStorage.open(path, read_only=read_only)
     _swap(a / "header.bin", b / "header.bin")  # back: both open again
-    assert MemmapStorage.open(a, read_only=True)[9]["id"].item() != MemmapStorage.open(
-        b, read_only=True
-    )[9]["id"].item()
+    assert (
+        MemmapStorage.open(a, read_only=True)[9]["id"].item()
+        != MemmapStorage.open(b, read_only=True)[9]["id"].item()
+    )
 
 
 def test_leaf_files_renamed_within_a_storage_are_refused(tmp_path: Path) -> None:

@@ -21,7 +21,7 @@ import pytest
 import torch
 from _child import ROOT, run_child
 
-from rbdata import PrioritizedSampler, ReplayBuffer, TensorStorage
+from rbdata import MemmapStorage, PrioritizedSampler, ReplayBuffer, TensorStorage
 from rbdata.storages import _memory
 
 KINDS = ["tensor", "huge", "memmap", "private"]
@@ -244,9 +244,21 @@ from multiprocessing.reduction import ForkingPickler
 import torch
 from tensordict import TensorDict
 
-from rbdata import ReplayBuffer, TensorStorage
+import tempfile
+
+from rbdata import MemmapStorage, ReplayBuffer, TensorStorage
 
 CAP, LEAVES = 100_000, 8  # a 12.8 MB arena: its copy into shared memory takes milliseconds
+KIND = "tensor"
+
+
+def storage():
+    if KIND == "tensor":
+        return TensorStorage(CAP)
+    # a private copy (what ReplayBuffer.loads gives): its arena is allocated at the first write
+    path = tempfile.mkdtemp() + "/rb"
+    MemmapStorage(CAP, path=path).close()
+    return MemmapStorage.open(path, copy_on_write=True)
 
 
 def batch(ks, dtype=torch.float32):
@@ -279,7 +291,7 @@ def write(rb, path, k):
 
 lost = {}
 for path in ("add", "extend", "extend-cast", "set-one", "set-slots"):
-    rb = ReplayBuffer(TensorStorage(CAP))
+    rb = ReplayBuffer(storage())
     rb.extend(batch([0]))
     done, stop = [1], threading.Event()
 
@@ -309,13 +321,17 @@ print("OK")
 """
 
 
-def test_no_write_lost_to_a_concurrent_pickle_for_another_process() -> None:
+@pytest.mark.parametrize("kind", ["tensor", "private"])
+def test_no_write_lost_to_a_concurrent_pickle_for_another_process(kind: str) -> None:
     """A thread writes through every write path while another pickles the storage for spawn.
 
     Each row holds its write number: every row written is checked (the original code lost
     hundreds per path, a write into the block being left; or crashed on freed memory).
+    ``private``: a copy-on-write MemmapStorage (what ``ReplayBuffer.loads`` gives), whose
+    pickle sends its rows too.
     """
-    done = run_child(CONCURRENT_CHILD, timeout=240)
+    code = CONCURRENT_CHILD.replace('KIND = "tensor"', f"KIND = {kind!r}")
+    done = run_child(code, timeout=240)
     assert done.returncode == 0 and done.stdout.strip().endswith("OK"), (
         f"exit {done.returncode}\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}"
     )
@@ -336,13 +352,19 @@ def _one_block(storage: TensorStorage) -> bool:
     return len({b.untyped_storage().data_ptr() for b in storage.buffers}) == 1
 
 
+@pytest.mark.parametrize("kind", ["tensor", "private"])
 @pytest.mark.parametrize("how", ["pickle", "cloudpickle", "deepcopy"])
-def test_plain_pickle_sends_the_data_once_and_loads_one_arena(how: str) -> None:
+def test_plain_pickle_sends_the_data_once_and_loads_one_arena(
+    how: str, kind: str, tmp_path: Path
+) -> None:
     import copy
     import pickle
 
     n = 40_000
-    storage = TensorStorage(n)
+    storage: TensorStorage = TensorStorage(n)
+    if kind == "private":  # copy-on-write, the arena allocated at its first write
+        MemmapStorage(n, path=tmp_path / "rb").close()
+        storage = MemmapStorage.open(tmp_path / "rb", copy_on_write=True)
     data = _eight_leaves(n)
     storage.set(slice(0, n), data)
     data_bytes = sum(t.numel() * t.element_size() for t in data.values())  # independent

@@ -167,7 +167,9 @@ def get_state(storage: MemmapStorage) -> dict[str, Any]:
         "path": str(storage._path),
         "capacity": storage.capacity,
         "layout": layout,
-        "buffers": storage._tensors(),  # the mapping's current rows (see _memory)
+        # the rows (each leaf's bytes once; shared memory for another process), taken under
+        # the storage's move lock: no write of another thread is lost to the move
+        "buffers": _memory.ship(storage._tensors(), storage._layout, storage._move_lock),
         "header": [storage._header.length, storage._header.next],
     }
 
@@ -193,7 +195,7 @@ def set_state(storage: MemmapStorage, state: dict[str, Any]) -> None:
     storage._state, storage._shared, storage._last_write = SharedState(None), False, (0, 0)
     if state["layout"] is not None:
         storage._layout = Layout.from_json(state["layout"])
-        storage._set_buffers(state["buffers"], storage._layout)
+        storage._set_buffers(_memory.received(state["buffers"]), storage._layout)
 
 
 def flush(storage: MemmapStorage) -> None:

@@ -116,10 +116,22 @@ def add_fast(storage: MemmapStorage, slot: int, item: Any, check: Any = None) ->
 
 
 def write_row(storage: MemmapStorage, slot: int, values: list[Any]) -> bool:
-    """:meth:`TensorStorage.write_row`, crash-atomic (journaled over a live slot)."""
-    arrays = storage._views()
-    if storage._shared or arrays is None or storage._closed or storage._read_only:
+    """:meth:`TensorStorage.write_row`, crash-atomic (journaled over a live slot).
+
+    Under the storage's move lock, like TensorStorage's: a private copy's memory may be moved
+    by a pickle for another process (shared memory) in another thread.
+    """
+    if storage._shared or storage._closed or storage._read_only:
         return False
+    with storage._move_lock:  # no move between the views and the last byte (see _memory)
+        arrays = storage._views()
+        if arrays is None:
+            return False
+        _write_row(storage, arrays, slot, values)
+    return True
+
+
+def _write_row(storage: MemmapStorage, arrays: list[Any], slot: int, values: list[Any]) -> None:
     header = storage._header
     length = header.length
     top = slot + 1
@@ -140,7 +152,6 @@ def write_row(storage: MemmapStorage, slot: int, values: list[Any]) -> bool:
         header.publish(new_length, nxt)
     before = storage._state.count(1)
     storage._last_write = (before, before + 1)
-    return True
 
 
 def write_rows(storage: MemmapStorage, start: int, n: int, values: list[Any]) -> bool:
