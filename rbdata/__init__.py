@@ -15,7 +15,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from rbdata import errors
-from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError
+from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError, StorageInUseError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rbdata import samplers, storages, transforms, writers
@@ -55,6 +55,7 @@ __all__ = [
     "SamplerWithoutReplacement",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
+    "StorageInUseError",
     "TensorStorage",
     "UniformSampler",
     "__version__",

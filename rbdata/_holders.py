@@ -160,7 +160,8 @@ class Holders:
             words.release()
 
     def __del__(self) -> None:
-        self.close()
+        with contextlib.suppress(Exception):  # at interpreter exit too: the lock goes anyway
+            self.close()
 
     def close(self) -> None:
         """Drop this hold (the file's lock goes with the last descriptor of it)."""
