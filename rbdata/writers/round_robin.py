@@ -75,7 +75,7 @@ class RoundRobinWriter(Writer):
             self._loaded = False
             return slot
         prepared = storage.prepare(item, batched=False)
-        if slot is None:
+        if slot is None or storage.shared:  # shared meanwhile (pickled by another thread)?
             with storage.write_lock():
                 return self._add(storage, storage.next_slot, item, prepared, check)
         return self._add(storage, slot, item, prepared, check)
@@ -109,7 +109,7 @@ class RoundRobinWriter(Writer):
             raise ValueError(
                 f"data: a batch of {n} items is more than the storage capacity {capacity}"
             )
-        if start is None:
+        if start is None or storage.shared:  # shared meanwhile (pickled by another thread)?
             with storage.write_lock():
                 return self._extend(storage, storage.next_slot, n, data, prepared, check)
         return self._extend(storage, start, n, data, prepared, check)
