@@ -16,7 +16,7 @@ import torch
 
 from rbdata.samplers._prioritized_checks import check_state_capacity
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, refusal
+from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, refusal, values_of
 from rbdata.samplers._trees.cpu import CpuTrees
 
 __all__ = [
@@ -27,7 +27,6 @@ __all__ = [
     "reduce_slices",
     "refuse_on_device",
     "trees_of",
-    "values_of",
 ]
 
 
@@ -135,12 +134,6 @@ def checked_state(state: dict[str, Any], spec: TreeSpec) -> tuple[torch.Tensor, 
     if not (0 <= max_p <= bound) or bool((prio > bound).any()):
         raise ValueError(f"state: priorities above {bound:.4g} overflow the tree's dtype")
     return prio, max_p
-
-
-def values_of(p: torch.Tensor, spec: TreeSpec) -> torch.Tensor:
-    """The values ``(p + eps) ** alpha`` of priorities ``p`` (float64, a new tensor)."""
-    v = p + spec.eps if spec.eps else p.clone()
-    return v.pow_(spec.alpha) if spec.alpha != 1 else v
 
 
 def check(

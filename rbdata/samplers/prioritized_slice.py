@@ -20,7 +20,7 @@ from rbdata.samplers import _prioritized_checks as _checks
 from rbdata.samplers import _slice_priorities, _slice_starts
 from rbdata.samplers._priority_input import check_exponent, device_index_and_priority
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import TreeSpec
+from rbdata.samplers._trees.backend import TreeSpec, values_of
 from rbdata.samplers._trees.cpu import CpuTrees
 from rbdata.samplers.base import check_bool
 from rbdata.samplers.prioritized import _make_trees
@@ -216,7 +216,7 @@ class PrioritizedSliceSampler(SliceSampler):
             slots = slots.to(self.device, non_blocking=True)
             span = span.to(self.device, non_blocking=True)
             self._span_t[slots] = span
-        values = _slice_priorities.values_of(self._prio[slots], self._spec)
+        values = values_of(self._prio[slots], self._spec)
         self._trees.set(slots, torch.where(span > 0, values, 0.0), self._filled())
 
     def _ensure(self, length: int) -> None:
@@ -232,9 +232,7 @@ class PrioritizedSliceSampler(SliceSampler):
             self._span[(self._base + times) % self._capacity] = spans
             self._count = int(np.count_nonzero(spans))
         self._span_t = self._span_view()
-        leaves = torch.where(
-            self._span_t > 0, _slice_priorities.values_of(self._prio, self._spec), 0.0
-        )
+        leaves = torch.where(self._span_t > 0, values_of(self._prio, self._spec), 0.0)
         new_sum, new_min = _slice_priorities.trees_of(leaves, self._spec)
         self._trees.load(new_sum, new_min, 0.0)
         self._mask_len = length

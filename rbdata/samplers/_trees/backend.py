@@ -27,6 +27,7 @@ from typing import Any, Protocol
 import torch
 
 from rbdata.samplers._trees import sumtree as _sumtree
+from rbdata.samplers._trees import torch_ops as _torch_tree
 
 __all__ = [
     "TreeBackend",
@@ -35,8 +36,10 @@ __all__ = [
     "check_new_exact",
     "check_update",
     "interpreting",
+    "item_codes",
     "refusal",
     "restored_trees",
+    "values_of",
 ]
 
 
@@ -139,6 +142,24 @@ def check_new_exact(
         )
 
 
+def item_codes(spec: TreeSpec, idx: torch.Tensor, p: torch.Tensor, filled: int) -> torch.Tensor:
+    """Each item's refusal code, as an update checks it (0: fine; see :func:`refusal`).
+
+    1: an index outside ``[0, filled)``, 2: a non-finite, 3: a negative, 4: an overflowing
+    priority (``p + eps`` above ``pmax``), in that order of precedence. ``p`` is float64.
+    """
+    code = torch.where(p + spec.eps <= spec.pmax, 0, 4)
+    code = torch.where(p < 0, 3, code)
+    code = torch.where(torch.isfinite(p), code, 2)
+    return torch.where((idx < 0) | (idx >= filled), 1, code)
+
+
+def values_of(p: torch.Tensor, spec: TreeSpec) -> torch.Tensor:
+    """The values ``(p + eps) ** alpha`` of priorities ``p`` (float64, a new tensor)."""
+    v = p + spec.eps if spec.eps else p.clone()
+    return v.pow_(spec.alpha) if spec.alpha != 1 else v
+
+
 def check_update(
     spec: TreeSpec,
     sum_tree: torch.Tensor,
@@ -149,12 +170,11 @@ def check_update(
 ) -> None:
     """Raise the ``ValueError`` that storing ``prio`` at ``idx`` would raise; change nothing.
 
-    The checks of an update, in its order (the first bad item, an index outside ``[0,
-    filled)`` first, then a non-finite, negative or overflowing priority), then the new
-    total: ``exact`` (CPU trees), the exact sum with the new values in place of the slots
-    they overwrite (the last of duplicates wins), as the numba kernel refuses it; else
-    (device trees) the bound ``total + sum(new values) <= 0.999 * largest`` that the
-    device refuses past. Reads the device's values (waits for it).
+    The checks of an update, in its order (the first bad item, :func:`item_codes`), then
+    the new total: ``exact`` (CPU trees), the exact sum with the new values in place of the
+    slots they overwrite (the last of duplicates wins), as the numba kernel refuses it; else
+    (device trees) the bound ``total + sum(new values) <= 0.999 * largest`` that the device
+    refuses past. Reads the device's values (waits for it).
 
     Args:
         spec: the trees' spec.
@@ -164,21 +184,15 @@ def check_update(
         filled: the number of filled slots.
         exact: check the exact new total (CPU trees) rather than the bound.
     """
-    n = idx.shape[0]
-    if n == 0:
+    if idx.shape[0] == 0:
         return
     p = prio.double().reshape(-1)
-    code = torch.where(p + spec.eps <= spec.pmax, 0, 4)
-    code = torch.where(p < 0, 3, code)
-    code = torch.where(torch.isfinite(p), code, 2)
-    code = torch.where((idx < 0) | (idx >= filled), 1, code)
+    code = item_codes(spec, idx, p, filled)
     bad = code != 0
     if bool(bad.any()):
         first = int(bad.to(torch.uint8).argmax())
         raise ValueError(refusal(spec, int(code[first]), int(idx[first]), float(p[first]), filled))
-    values = p + spec.eps if spec.eps else p.clone()
-    if spec.alpha != 1:
-        values.pow_(spec.alpha)
+    values = values_of(p, spec)
     total = float(sum_tree[_sumtree.ROOT])
     bound = total + float(values.sum())
     if bound <= 0.999 * spec.vmax:
@@ -187,10 +201,8 @@ def check_update(
         raise ValueError(refusal(spec, 5, -1, 0.0, filled))
     leaf0 = _sumtree.leaf_offset(sum_tree)
     leaves = sum_tree[leaf0 : leaf0 + spec.capacity].double().clone()
-    slots, inverse = torch.unique(idx, return_inverse=True)
-    positions = torch.arange(n, device=idx.device)
-    last = torch.zeros_like(slots).scatter_reduce_(0, inverse, positions, "amax")
-    leaves[slots] = values[last]
+    scratch = _torch_tree.new_scratch(spec.capacity, idx.device)
+    leaves[idx] = _torch_tree.last_writes(idx, values, scratch)  # duplicates: the last wins
     if not bool(torch.isfinite(leaves.sum().to(spec.dtype))):
         raise ValueError(refusal(spec, 5, -1, 0.0, filled))
 

@@ -27,7 +27,14 @@ import torch
 from rbdata.samplers._priority_input import device_index_and_priority
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees import torch_ops as _torch_tree
-from rbdata.samplers._trees.backend import TreeSpec, check_update, interpreting, refusal
+from rbdata.samplers._trees.backend import (
+    TreeSpec,
+    check_update,
+    interpreting,
+    item_codes,
+    refusal,
+    values_of,
+)
 
 __all__ = ["DeviceTrees", "triton_ready"]
 
@@ -224,17 +231,12 @@ class DeviceTrees:
         """The reference of the fused update: the same checks and record, in torch ops."""
         spec, device = self.spec, self.device
         p = prio.double().expand(idx.shape[0])
-        code = torch.where(p + spec.eps <= spec.pmax, 0, 4)
-        code = torch.where(p < 0, 3, code)
-        code = torch.where(torch.isfinite(p), code, 2)
-        code = torch.where((idx < 0) | (idx >= filled), 1, code)
+        code = item_codes(spec, idx, p, filled)
         bad = code != 0
         first = bad.to(torch.uint8).argmax()
         failing = bad.any()
         fine_p = torch.where(bad, 0.0, p)
-        values = fine_p + spec.eps if spec.eps else fine_p.clone()
-        if spec.alpha != 1:
-            values.pow_(spec.alpha)
+        values = values_of(fine_p, spec)
         total = self.sum_tree[_sumtree.ROOT].double() + torch.where(bad, 0.0, values).sum()
         fits = torch.where(total <= 0.999 * spec.vmax, 0, 5)
         call = torch.where(failing, code[first], fits)
