@@ -80,15 +80,10 @@ def open_dir(
     storage._holders = None
     if not storage._private:  # alone, joining sharers, or refused (see MemmapStorage.open)
         storage._holders = Holders(root, "MemmapStorage", lambda: cls._adopt(root))
-    try:
+    try:  # a refusal below closes what was opened (the hold on the directory)
         storage._header = header = Header(
             inside(root, HEADER_FILE), create=False, private=storage._private, ident=storage._id
         )
-    except BaseException:
-        storage._header = None  # type: ignore[assignment]
-        storage.close()
-        raise
-    try:
         shared = None if storage._private else inside(root, SHARED_FILE)
         if shared is not None and not shared.exists():
             shared = None  # never shared yet: created by _become_shared
