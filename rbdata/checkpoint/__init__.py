@@ -22,11 +22,12 @@ from typing import Any, TypeVar
 
 from rbdata._atomic import fsync_dir, new_staging, publish, read_live
 from rbdata._files import atomic_write_json
+from rbdata._ids import new_id
 from rbdata.checkpoint._checksum import ALGORITHM, SMALL_FILE, add_tails
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors
 from rbdata.checkpoint._describe import CheckpointInfo, describe
-from rbdata.checkpoint._identity import check_identity, check_trailer, new_id, trailer
+from rbdata.checkpoint._identity import check_identity, check_trailer, trailer
 from rbdata.checkpoint._in_place import LoadsDescriptor, load_into
 from rbdata.checkpoint._storages import (
     check_storage,

@@ -13,29 +13,23 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
 from pathlib import Path
 from typing import Any
 
 from rbdata._files import open_nofollow
+from rbdata._ids import TRAILER_BYTES, id_trailer, read_trailer
 from rbdata.errors import CheckpointError
 
-__all__ = ["TRAILER_BYTES", "check_identity", "check_trailer", "new_id", "trailer"]
+__all__ = ["check_identity", "check_trailer", "trailer"]
 
-#: the bytes at the end of ``tensors.bin``: magic, the checkpoint's 16-byte id, 8 zero bytes
-TRAILER_BYTES = 32
+#: the kind of the trailer at the end of ``tensors.bin`` (:mod:`rbdata._ids`; index 0)
 _MAGIC = b"RBDCKPT1"
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
-def new_id() -> str:
-    """A new checkpoint id: 128 random bits as 32 hex digits."""
-    return secrets.token_hex(16)
-
-
 def trailer(ident: str) -> bytes:
-    """The last :data:`TRAILER_BYTES` bytes of the ``tensors.bin`` of checkpoint ``ident``."""
-    return _MAGIC + bytes.fromhex(ident) + bytes(8)
+    """The last :data:`~rbdata._ids.TRAILER_BYTES` bytes of checkpoint ``ident``'s tensors."""
+    return id_trailer(_MAGIC, ident)
 
 
 def check_identity(live: Path, meta: dict[str, Any]) -> None:
@@ -76,7 +70,8 @@ def check_trailer(meta: dict[str, Any], tensors: Path) -> None:
     except OSError as err:
         raise CheckpointError(f"{tensors}: cannot be read ({err})") from err
     if found != trailer(ident):
-        other = found[8:24].hex() if found[:8] == _MAGIC and len(found) == TRAILER_BYTES else None
+        read = read_trailer(found, _MAGIC)
+        other = None if read is None else read[0]
         why = f"holds the id of checkpoint ckpt-{other}" if other else "has no valid id trailer"
         raise CheckpointError(
             f"{tensors}: {why}, checkpoint.json says ckpt-{ident}; a file swapped in from "

@@ -27,11 +27,12 @@ from rbdata._files import (
     preallocate,
     start_writeback,
 )
+from rbdata._ids import new_id
 from rbdata._layout import TENSOR, Layout
 from rbdata.storages.memmap._header import (
     encode_header,
 )
-from rbdata.storages.memmap._rawfile import new_id, trailer
+from rbdata.storages.memmap._rawfile import trailer
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
@@ -44,7 +45,6 @@ __all__ = [
     "bad_field",
     "check_meta",
     "layout_meta",
-    "new_id",
     "read_layout",
     "storage_id",
     "write_directory",

@@ -28,13 +28,8 @@ from pathlib import Path
 
 import numpy as np
 
-from rbdata.storages.memmap._rawfile import (
-    TRAILER_BYTES,
-    check_trailer,
-    open_fd,
-    regular_size,
-    trailer,
-)
+from rbdata._ids import TRAILER_BYTES
+from rbdata.storages.memmap._rawfile import check_trailer, open_fd, regular_size, trailer
 
 __all__ = [
     "HEADER_BYTES",
@@ -68,7 +63,7 @@ def _check(length: int, nxt: int, slot: int) -> int:
 def encode_header(length: int, nxt: int, ident: str | None = None) -> bytes:
     """A header holding ``length`` and ``next`` (record 0 active), then ``ident``'s trailer.
 
-    64 bytes, then :data:`~rbdata.storages.memmap._rawfile.TRAILER_BYTES` more when the
+    64 bytes, then :data:`~rbdata._ids.TRAILER_BYTES` more when the
     directory has an id (``None``: a version-1 directory, which has none).
     """
     record = struct.pack("=8q", _MAGIC, 0, length, nxt, _check(length, nxt, 0), 0, 0, 0)

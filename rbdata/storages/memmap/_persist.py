@@ -23,6 +23,7 @@ from rbdata._atomic import fsync_dir
 from rbdata._checked import plain_file, read_json
 from rbdata._checksum import entry, file_entry, submit_tensor_crc
 from rbdata._files import inside, open_nofollow
+from rbdata._ids import TRAILER_BYTES
 from rbdata._layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
@@ -39,7 +40,6 @@ from rbdata.storages.memmap._directory import (
     write_directory,
 )
 from rbdata.storages.memmap._header import Header
-from rbdata.storages.memmap._rawfile import TRAILER_BYTES
 from rbdata.storages.tensor import TensorStorage
 
 if TYPE_CHECKING:

@@ -5,10 +5,10 @@ with a ``ValueError`` naming the file, :func:`regular_size` anything but a regul
 data file's space is reserved when it is created (:func:`create_file`), so a full disk is an
 ``OSError`` at the first write, never a SIGBUS.
 
-A data file of a version-2 directory ends with a :data:`TRAILER_BYTES` trailer after its rows
-(:func:`trailer`): the storage's id (``layout.json``'s ``"id"``) and the leaf's index, checked
-by :func:`map_file` with one 32-byte read, so a file swapped in from another storage or
-checkpoint, or renamed to another leaf, is refused at open.
+A data file of a version-2 directory ends with a 32-byte trailer after its rows
+(:func:`trailer`, :mod:`rbdata._ids`): the storage's id (``layout.json``'s ``"id"``) and the
+leaf's index, checked by :func:`map_file` with one 32-byte read, so a file swapped in from
+another storage or checkpoint, or renamed to another leaf, is refused at open.
 """
 
 from __future__ import annotations
@@ -16,27 +16,26 @@ from __future__ import annotations
 import errno
 import mmap
 import os
-import secrets
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rbdata._ids import TRAILER_BYTES, id_trailer, read_trailer
+
 __all__ = [
-    "TRAILER_BYTES",
     "as_tensor",
     "check_trailer",
     "create_file",
     "map_file",
-    "new_id",
     "open_fd",
     "regular_size",
     "trailer",
 ]
 
-#: the trailer after a data file's rows: magic, the storage's 16-byte id, the leaf's index
-TRAILER_BYTES = 32
+#: the kind of the trailer after a data file's rows (:mod:`rbdata._ids`): the storage's id
+#: and the leaf's index
 _TRAILER_MAGIC = b"RBDLEAF2"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)
 
@@ -57,16 +56,11 @@ def regular_size(fd: int, path: Path) -> int:
     return st.st_size
 
 
-def new_id() -> str:
-    """A new storage id: 128 random bits as 32 hex digits."""
-    return secrets.token_hex(16)
-
-
 def trailer(ident: str | None, index: int) -> bytes:
     """The bytes after the rows of leaf ``index``'s file (none without an id)."""
     if ident is None:
         return b""
-    return _TRAILER_MAGIC + bytes.fromhex(ident) + index.to_bytes(8, "little")
+    return id_trailer(_TRAILER_MAGIC, ident, index)
 
 
 def check_trailer(found: bytes, ident: str | None, index: int, path: Path) -> None:
@@ -79,8 +73,9 @@ def check_trailer(found: bytes, ident: str | None, index: int, path: Path) -> No
     expected = trailer(ident, index)
     if found == expected:
         return
-    if len(found) == TRAILER_BYTES and found[:8] == _TRAILER_MAGIC:
-        other, leaf = found[8:24].hex(), int.from_bytes(found[24:], "little")
+    read = read_trailer(found, _TRAILER_MAGIC)
+    if read is not None:
+        other, leaf = read
         if other != ident:
             raise ValueError(
                 f"{path}: belongs to another storage (id {other}, layout.json says {ident}); "

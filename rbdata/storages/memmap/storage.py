@@ -49,6 +49,7 @@ import torch
 
 from rbdata._files import atomic_write_json, storage_dir
 from rbdata._holders import Holders
+from rbdata._ids import new_id
 from rbdata._layout import Layout
 from rbdata._torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
 from rbdata.errors import ReadOnlyError
@@ -60,7 +61,6 @@ from rbdata.storages.memmap._directory import (
     LAYOUT_FILE,
     check_meta,
     layout_meta,
-    new_id,
     read_layout,
 )
 from rbdata.storages.memmap._header import Header
