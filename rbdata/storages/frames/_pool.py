@@ -9,11 +9,12 @@ lengths, resets or writes that came since. Samplers need no rule of their own (e
 ``[0, len)`` is readable), which is why the storage has no "invalid" steps to tell them about.
 
 Frames are kept either raw, in one tensor ``[slots, *frame]`` (on the storage's device), or
-compressed, one blob per frame in one byte log (``codec``): a blob is appended, and when the
-log is full it is compacted (the live blobs moved down, in log order) if at least 1/16 of it
-is dead, else it grows. Both grow by reallocation when more slots are needed than the
-storage's default (``capacity + capacity // 64`` plus the writer's pins); memory is committed
-as it is written (zeroed pages are the kernel's, untouched until a frame lands).
+compressed, one blob per frame in one byte log with a slot table (``codec``): a blob is
+appended, and when the log is full it is compacted (the live blobs moved down, in log order)
+if enough of it is dead, else it grows. Both grow when more slots are needed than the
+storage's default (``capacity + capacity // 64`` plus the writer's pins). The arrays are the
+pool's *memory*'s (``_memory.py``): process memory, committed as it is written, or the files
+of a storage directory (``_files.py``).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import torch
 
 from rbdata.storages.frames._codecs import FrameCodec
+from rbdata.storages.frames._memory import FrameMemory, pack, zeros
 
 __all__ = ["FramePool"]
 
@@ -49,24 +51,6 @@ def _release(count: Any, refs: Any, free: Any, nfree: int) -> int:
     return nfree
 
 
-@numba.njit(nogil=True, cache=True)
-def _compact(log: Any, offsets: Any, lengths: Any, order: Any) -> int:
-    """Move the blobs of slots ``order`` (by ascending offset) down to the log's start."""
-    head = 0
-    for s in order:
-        start, n = offsets[s], lengths[s]
-        if start != head:
-            log[head : head + n] = log[start : start + n]  # memmove: head < start
-            offsets[s] = head
-        head += n
-    return head
-
-
-def _zeros(nbytes: int) -> np.ndarray:
-    """Zeroed bytes committed as they are written (``calloc``: the kernel's zero pages)."""
-    return np.zeros(max(nbytes, 1), np.uint8)
-
-
 class FramePool:
     """Reference-counted frame slots, raw or compressed (see the module docstring).
 
@@ -76,6 +60,9 @@ class FramePool:
         slots: slots to start with (more are added when needed).
         codec: ``None`` (raw) or the :class:`FrameCodec` of the blobs.
         device: where raw frames live and reads return them.
+        memory: where the arrays live (``_memory.py``): process memory by default, or the
+            :class:`~rbdata.storages.frames._files.FrameFiles` of a storage directory
+            (which may hold more slots already: the pool takes them all).
     """
 
     def __init__(
@@ -85,28 +72,36 @@ class FramePool:
         slots: int,
         codec: FrameCodec | None,
         device: torch.device,
+        memory: FrameMemory | None = None,
     ) -> None:
         self.frame_shape = tuple(frame_shape)
         self.dtype = dtype
         self.codec = codec
         self.device = device
         self.frame_bytes = int(np.prod(self.frame_shape, dtype=np.int64)) * dtype.itemsize
+        self._memory = FrameMemory(self.frame_shape, dtype, device) if memory is None else memory
+        self._frames: torch.Tensor | None = None
+        self._log = zeros(0)
+        self._head = 0
+        self._live_bytes = 0
+        self._set_table(np.zeros((0, 2), np.int64))
+        if codec is None:
+            self._frames = self._memory.frames(None, slots, 0)
+            slots = int(self._frames.shape[0])
+        else:
+            self._set_table(self._memory.table(None, slots))
+            slots = int(self._table.shape[0])
+            self._log = self._memory.log(None, max(_MIN_LOG, slots * self.frame_bytes // 32), 0)
         self._count = np.zeros(slots, np.int32)
         self._free = np.empty(slots, np.int64)
         self._nfree = 0
         self._high = 0  # slots [0, high) were used once; above, untouched
-        self._frames: torch.Tensor | None = None
-        self._log = _zeros(0)
-        self._head = 0
-        self._live_bytes = 0
-        self._offsets = np.zeros(0, np.int64)
-        self._lengths = np.zeros(0, np.int64)
-        if codec is None:
-            self._frames = self._new_frames(slots)
-        else:
-            self._offsets = np.zeros(slots, np.int64)
-            self._lengths = np.zeros(slots, np.int64)
-            self._log = _zeros(max(_MIN_LOG, slots * self.frame_bytes // 32))
+
+    def _set_table(self, table: np.ndarray) -> None:
+        """The slot table ``[slots, 2]``; ``_offsets`` and ``_lengths`` are its columns."""
+        self._table = table
+        self._offsets = table[:, 0]
+        self._lengths = table[:, 1]
 
     # --- slots and references ------------------------------------------------------------
     @property
@@ -169,20 +164,35 @@ class FramePool:
     def rebuild(self, refs: np.ndarray) -> None:
         """Counts from scratch: one reference per entry of ``refs`` (the stored steps' refs).
 
-        Used when a storage is loaded: slots below the highest referenced one that nobody
-        refers to are free.
+        Used when a storage is loaded or reopened: every slot nobody refers to is free (the
+        frames of a write killed before its steps were committed, the writer's pins).
+
+        Raises:
+            ValueError: a ref outside the pool, or (compressed) a referenced blob outside
+                the log: the files are corrupt; nothing is changed.
         """
-        self._count[:] = 0
         flat = refs.reshape(-1)
+        self.check_refs(flat)
+        high = int(flat.max()) + 1 if flat.size else 0
+        count = np.zeros(self.slots, np.int32)
         if flat.size:
-            _acquire(self._count, flat)
-        self._high = int(flat.max()) + 1 if flat.size else 0
-        unused = np.flatnonzero(self._count[: self._high] == 0)
+            _acquire(count, flat)
+        used = np.flatnonzero(count[:high])
+        head = live_bytes = 0
+        if self.codec is not None and used.size:
+            offsets, lengths = self._offsets[used], self._lengths[used]
+            head, live_bytes = int((offsets + lengths).max()), int(lengths.sum())
+            if int(offsets.min()) < 0 or int(lengths.min()) <= 0 or head > self._log.shape[0]:
+                raise ValueError(
+                    f"frame table: a stored step's frame lies outside the {self._log.shape[0]}"
+                    "-byte log; corrupt"
+                )
+        self._count = count
+        self._high = high
+        unused = np.flatnonzero(count[:high] == 0)
         self._nfree = int(unused.size)
         self._free[: self._nfree] = unused[::-1]
-        if self.codec is not None:
-            live = np.flatnonzero(self._count[: self._high])
-            self._live_bytes = int(self._lengths[live].sum())
+        self._head, self._live_bytes = head, live_bytes
 
     def check_refs(self, refs: np.ndarray) -> None:
         """Raise ``ValueError`` unless every ref is a slot of this pool (loaded data)."""
@@ -264,65 +274,111 @@ class FramePool:
         nxt = torch.index_select(frames, 0, inverse[:, 1].reshape(-1)).view(shape)
         return obs, nxt
 
-    # --- pickling: the used part only, as plain bytes ---------------------------------------
+    # --- persistence: saved and loaded frames, the files of a storage directory --------------
+    @property
+    def blob_bytes(self) -> int:
+        """Bytes of the blobs that some step (or the writer) refers to (0 without a codec)."""
+        return self._live_bytes
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """The frames of slots ``[0, high)`` to save, and their slot table.
+
+        Raw: the rows ``[high, frame_bytes]`` (``uint8``) and an empty table. Compressed: the
+        live blobs packed in offset order, and the table ``[high, 2]`` of their new places
+        (``0, 0`` for a free slot). :meth:`load` takes them back.
+        """
+        high = self._high
+        if self._frames is not None:
+            rows = self._frames[:high].detach().cpu().contiguous().view(torch.uint8)
+            return rows.view(high, self.frame_bytes).numpy(), np.zeros((0, 2), np.int64)
+        live = np.flatnonzero(self._count[:high] > 0)
+        order = live[np.argsort(self._offsets[live], kind="stable")]
+        table = np.zeros((high, 2), np.int64)
+        table[live] = self._table[live]
+        packed = np.empty(int(table[:, 1].sum()), np.uint8)
+        pack(self._log, packed, table, order, False)
+        return packed, table
+
+    def load(self, data: np.ndarray, table: np.ndarray) -> None:
+        """Replace every frame by saved ones (:meth:`export`'s form); then call :meth:`rebuild`."""
+        self.reset()
+        high = data.shape[0] if self._frames is not None else table.shape[0]
+        if high > self.slots:
+            self._grow(high)
+        if self._frames is not None:
+            rows = torch.from_numpy(data).view(self.dtype).view(high, *self.frame_shape)
+            self._frames[:high] = rows.to(self._frames.device)
+            return
+        if data.shape[0] > self._log.shape[0]:
+            self._log = self._memory.log(self._log, data.shape[0], 0)
+        self._log[: data.shape[0]] = data
+        self._table[:high] = table
+        self._head = int(data.shape[0])
+
+    def flush(self) -> None:
+        """Write the frames to their files, durably (nothing to do in memory)."""
+        self._memory.flush()
+
+    def close(self) -> None:
+        """Release the arrays (and the files that hold them)."""
+        self._frames = None
+        self._log = zeros(0)
+        self._set_table(np.zeros((0, 2), np.int64))
+        self._memory.close()
+
+    # --- pickling: the used part only, as plain bytes, into process memory -----------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         high = self._high
         state["_slots"] = self.slots
+        state["_memory"] = self._memory.for_copy()
         if self._frames is not None:
             state["_frames"] = self._frames[:high].detach().cpu().numpy().copy()
         state["_log"] = self._log[: self._head].copy()
+        state["_table"] = self._table[:high].copy()
+        del state["_offsets"], state["_lengths"]  # columns of the table
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         slots = state.pop("_slots")
-        frames, log = state["_frames"], state["_log"]
+        frames, log, table = state.pop("_frames"), state.pop("_log"), state.pop("_table")
         self.__dict__.update(state)
+        self._frames = None
         if frames is not None:
-            self._frames = self._new_frames(slots)
+            self._frames = self._memory.frames(None, slots, 0)
             self._frames[: frames.shape[0]] = torch.from_numpy(frames)
+            self._set_table(table)
+            self._log = zeros(0)
+            return
+        self._set_table(self._memory.table(table, slots))
         size = max(_MIN_LOG, slots * self.frame_bytes // 32, log.shape[0])
-        self._log = _zeros(size)
-        self._log[: log.shape[0]] = log
+        self._log = self._memory.log(log, size, log.shape[0])
 
     # --- growth --------------------------------------------------------------------------
-    def _new_frames(self, slots: int) -> torch.Tensor:
-        if self.device.type == "cpu":
-            block = torch.from_numpy(_zeros(slots * self.frame_bytes)[: slots * self.frame_bytes])
-            return block.view(self.dtype).view(slots, *self.frame_shape)
-        return torch.zeros((slots, *self.frame_shape), dtype=self.dtype, device=self.device)
-
     def _grow(self, needed: int) -> None:
-        """At least ``needed`` slots (x1.25 at least): counts, free list and frames copied."""
+        """At least ``needed`` slots (x1.25 at least): counts, free list and frames kept."""
         slots = max(needed, self.slots + self.slots // 4 + 16)
+        if self._frames is not None:
+            self._frames = self._memory.frames(self._frames, slots, self._high)
+        else:
+            self._set_table(self._memory.table(self._table, slots))
         count = np.zeros(slots, np.int32)
         count[: self.slots] = self._count
         free = np.empty(slots, np.int64)
         free[: self._nfree] = self._free[: self._nfree]
-        if self.codec is None:
-            assert self._frames is not None
-            frames = self._new_frames(slots)
-            frames[: self._high] = self._frames[: self._high]
-            self._frames = frames
-        else:
-            offsets = np.zeros(slots, np.int64)
-            lengths = np.zeros(slots, np.int64)
-            offsets[: self.slots] = self._offsets
-            lengths[: self.slots] = self._lengths
-            self._offsets, self._lengths = offsets, lengths
         self._count, self._free = count, free
 
     def _make_room(self, total: int) -> None:
-        """Room for ``total`` more bytes: compact the log if 1/16 of it is dead, grow if needed."""
+        """Room for ``total`` more bytes: compact the log if enough of it is dead, else grow."""
         dead = self._head - self._live_bytes
-        if dead and dead >= self._head // 16:
+        if dead and dead >= self._head // self._memory.compact_divisor:
             live = np.flatnonzero(self._count[: self._high] > 0)
             order = live[np.argsort(self._offsets[live], kind="stable")]
-            self._head = _compact(self._log, self._offsets, self._lengths, order)
+            log, table, self._head = self._memory.compact(self._log, self._table, order)
+            self._log = log
+            self._set_table(table)
             self._live_bytes = self._head
         if self._head + total <= self._log.shape[0]:
             return
         size = max(self._head + total, self._log.shape[0] + self._log.shape[0] // 2)
-        log = _zeros(size)
-        log[: self._head] = self._log[: self._head]
-        self._log = log
+        self._log = self._memory.log(self._log, size, self._head)

@@ -16,23 +16,33 @@ repeated frames, another env's stream store what they need. Reads rebuild both s
 bit-exactly from the refs. A frame lives as long as a stored step refers to it, so every index
 in ``[0, len)`` can be read back: samplers need no rule of their own (no step is ever left
 with overwritten frames).
+
+With ``path``, the steps and the frames are files (``_format.py``, ``_files.py``):
+:meth:`FrameStackStorage.open` reopens them, and every write is atomic across a kill (the
+storage's directory, checkpoints and ``rbdata inspect``: its base, ``_persist.py``).
 """
 
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rbdata._ids import new_id
 from rbdata._layout import Layout, Leaf
-from rbdata._layout_keys import DICT_KIND, TENSOR
+from rbdata._layout_keys import DICT_KIND
 from rbdata._shown import shown
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.frames._codecs import FrameCodec
+from rbdata.storages.frames._files import FrameFiles
+from rbdata.storages.frames._format import STEPS_DIR, FramesMeta, check_stacks
+from rbdata.storages.frames._persist import FramePersistence
 from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.frames._streams import TRACKED, StreamTracker
+from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["REFS_KEY", "FrameStackStorage"]
@@ -41,21 +51,24 @@ __all__ = ["REFS_KEY", "FrameStackStorage"]
 REFS_KEY = ("_frame_refs",)
 
 
-class FrameStackStorage(Storage):
+class FrameStackStorage(FramePersistence):
     """Frame-stacked pixel transitions, each frame stored once (optionally compressed).
 
     Args:
         capacity: steps (transitions) held.
         stack: frames per stack (4 for the usual Atari setup).
         key: the stacked observation's key; ``("next", key)`` is its next observation.
-        path: ``None`` (in memory), or a new directory for the steps' files.
+        path: ``None`` (in memory), or a new directory for the files: the steps in
+            ``steps/`` (a :class:`~rbdata.storages.MemmapStorage`), the frames in
+            ``frames/`` (see :meth:`open`); the data is then on the CPU.
         codec: ``None`` (raw frames), ``"lz4"``, ``"zstd"`` or ``("zstd", level)``: each
             frame compressed on its own (``pip install 'rbdata[pixels]'``).
         device: where reads return the data (and raw frames live); ``None``: CPU.
 
     Raises:
-        ValueError: a bad ``stack``, ``key`` or ``codec``.
+        ValueError: a bad ``stack``, ``key`` or ``codec``, or a ``path`` with a GPU device.
         ImportError: the codec's library is missing.
+        FileExistsError: ``path`` holds files already (reopen them with :meth:`open`).
 
     Examples:
         >>> import torch
@@ -93,19 +106,23 @@ class FrameStackStorage(Storage):
         self._key: tuple[str, ...] = keys
         self._next_key: tuple[str, ...] = ("next", *keys)
         self._codec = None if codec is None else FrameCodec(codec)
-        self._path = path
-        self._steps: Storage = self._new_steps(path)
+        self._path = None if path is None else Path(path)
+        self._files: FrameFiles | None = None
+        if self._path is not None:
+            if self.device.type != "cpu":
+                raise ValueError(f"device: a storage with a path is on the CPU, got {self.device}")
+            meta = FramesMeta(new_id(), self.capacity, stack, keys, self.codec)
+            self._files = FrameFiles.create(self._path, meta)
+        self._steps: Storage = self._new_steps(self._path)
         self._pool: FramePool | None = None
         self._tracker: StreamTracker | None = None
         self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
         self._frame_layout: tuple[tuple[int, ...], torch.dtype] | None = None
 
-    def _new_steps(self, path: Any) -> Storage:
+    def _new_steps(self, path: Path | None) -> Storage:
         if path is None:
             return TensorStorage(self.capacity, self.device)
-        from rbdata.storages.memmap import MemmapStorage
-
-        return MemmapStorage(self.capacity, path)
+        return MemmapStorage(self.capacity, path / STEPS_DIR)
 
     # --- what it is ------------------------------------------------------------------------
     @property
@@ -126,15 +143,18 @@ class FrameStackStorage(Storage):
     @property
     def frames_stored(self) -> int:
         """Frames held now (those some stored step, or the writer's streams, refer to)."""
+        self._check_open()
         return 0 if self._pool is None else self._pool.live
 
     @property
     def steps(self) -> Storage:
         """The storage of the steps' other fields and frame refs (for implementers)."""
+        self._check_open()
         return self._steps
 
     def nbytes(self) -> int:
         """Bytes the data takes: the frames (touched or compressed) and the steps' fields."""
+        self._check_open()
         layout = self._steps.layout
         step = 0 if layout is None else layout.item_nbytes
         frames = 0 if self._pool is None else self._pool.nbytes()
@@ -142,6 +162,7 @@ class FrameStackStorage(Storage):
 
     def config(self) -> dict[str, Any]:
         """``capacity``, ``stack``, ``key``, ``codec`` and ``device``."""
+        self._check_open()
         return {
             "capacity": self.capacity,
             "stack": self._stack,
@@ -167,32 +188,7 @@ class FrameStackStorage(Storage):
 
     def check_layout(self, layout: Layout) -> None:  # type: ignore[override]
         """Refuse a layout without both stacks, or with stacks of another shape or dtype."""
-        names = f"{self._key!r} and {self._next_key!r}"
-        if layout.kind != DICT_KIND:
-            raise TypeError(f"FrameStackStorage stores dict-like transitions with {names}")
-        leaves = {leaf.key: leaf for leaf in layout.leaves}
-        obs, nxt = leaves.get(self._key), leaves.get(self._next_key)
-        if obs is None or nxt is None:
-            missing = self._key if obs is None else self._next_key
-            raise ValueError(
-                f"key {missing!r}: FrameStackStorage needs the stacks {names} in every write"
-            )
-        for leaf in (obs, nxt):
-            if leaf.kind != TENSOR or len(leaf.shape) not in (3, 4):
-                raise ValueError(
-                    f"key {leaf.key!r}: a stack is [stack, H, W] or [stack, H, W, C] per step, "
-                    f"got {list(leaf.shape)}"
-                )
-            if leaf.shape[0] != self._stack:
-                raise ValueError(
-                    f"key {leaf.key!r}: stacks of {self._stack} frames expected (stack="
-                    f"{self._stack}), got {leaf.shape[0]}"
-                )
-        if (obs.shape, obs.dtype) != (nxt.shape, nxt.dtype):
-            raise ValueError(
-                f"keys {names}: the stacks differ ({obs.dtype} {list(obs.shape)} vs "
-                f"{nxt.dtype} {list(nxt.shape)})"
-            )
+        check_stacks(layout, self._key, self._stack)
 
     def _allocate(self, layout: Layout) -> None:
         keys = list(layout.keys)
@@ -207,7 +203,9 @@ class FrameStackStorage(Storage):
         self._steps_layout = Layout(DICT_KIND, steps)
         # every step's newest frame, plus 1/64 for episode starts and the writer's pins
         slots = self.capacity + self.capacity // 64 + 2 * self._stack * (TRACKED + 2)
-        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device)
+        if self._files is not None:  # frames.json names the layout before any frame file
+            self._files.fix_layout(layout)
+        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, self._files)
         frame_bytes = self._pool.frame_bytes
         words, word = (
             (frame_bytes // 8, np.uint64) if frame_bytes % 8 == 0 else (frame_bytes, np.uint8)
@@ -223,7 +221,7 @@ class FrameStackStorage(Storage):
             IndexError: the write would leave unwritten steps below the new length (a
                 ``set`` past ``len``); nothing is written.
         """
-        self._check_open()
+        self._check_writable()
         if target.top > len(self) and target.n and self._leaves_gap(target):
             raise IndexError(
                 f"index: FrameStackStorage holds written steps only; the next free slot is "
@@ -243,22 +241,23 @@ class FrameStackStorage(Storage):
         known = refs[refs >= 0]
         pool.acquire(known)  # before the old steps let go: they may share these frames
         slots = target.slots_numpy()
-        pool.release(self._old_refs(slots))
+        old = self._old_refs(slots)  # released once the steps are committed (below)
         fresh = pool.take(count)
         if count:
             pool.store(fresh, self._new_frames(obs, nxt, places))
             new = refs < 0
             refs[new] = fresh[-1 - refs[new]]
             pool.acquire(refs[new])
+        tracker.keep(nxt, refs, pool)  # pins first: it may keep a dropped item's frames
         if target.indices is not None:  # a slot written twice keeps its last item only
             self._release_overwritten(slots, refs, pool)
-        tracker.keep(nxt, refs, pool)
         rows = torch.from_numpy(refs.astype(np.int32))
         inner = [payload[i] for i in others]
         inner.append(rows if prepared.batched else rows[0])
         first = self._steps.layout is None
         steps = Prepared(inner, n, self._steps_layout if first else None, prepared.batched)
         self._steps.commit(target, steps)
+        pool.release(old)  # after the commit: a kill never leaves old steps over new frames
         self._items_written += n
         if target.top > len(self):
             self._set_length(target.top)
@@ -316,7 +315,7 @@ class FrameStackStorage(Storage):
 
     def clear(self) -> None:
         """Forget all steps and frames (the memory is kept)."""
-        self._check_open()
+        self._check_writable()
         self._steps.clear()
         if self._pool is not None:
             assert self._tracker is not None
@@ -343,22 +342,12 @@ class FrameStackStorage(Storage):
 
     # --- pickling: a consistent snapshot ---------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
         # the steps and the frames travel together as one copy (pickled plainly, never moved
         # to shared memory: a reader never pairs new steps with old frames); a copy of a
         # storage with a path is an in-memory one
-        steps, n = self._steps, len(self._steps)
-        layout = steps.layout
-        snapshot = {
-            "length": n,
-            "next": steps.next_slot,
-            "layout": None if layout is None else layout.to_json(),
-            "buffers": []
-            if layout is None
-            else [b[:n].detach().cpu().clone() for b in steps.buffers],  # type: ignore[attr-defined]
-        }
-        state["_steps"] = pickle.dumps(snapshot)
-        state["_path"] = None
+        state = self.__dict__.copy()
+        state["_steps"] = pickle.dumps(self._steps.dump_state(None))  # type: ignore[arg-type]
+        state.update(_path=None, _files=None, _read_only=False)
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
