@@ -249,8 +249,7 @@ class FramePool:
         if self._head + total > self._log.shape[0]:
             self._make_room(total)
         head = self._head
-        data = np.frombuffer(b"".join(blobs), np.uint8)
-        self._log[head : head + total] = data
+        self._log[head : head + total] = np.frombuffer(b"".join(blobs), np.uint8)
         starts = head + np.cumsum(sizes) - sizes
         self._offsets[slots] = starts
         self._lengths[slots] = sizes

@@ -125,7 +125,7 @@ class StreamTracker:
     def keep(self, nxt: np.ndarray, refs: np.ndarray, pool: FramePool) -> None:
         """Keep this write's next observations (``refs``: its final ``[n, 2, S]`` slots)."""
         n = nxt.shape[0]
-        if n == 1 and self.last < 0:  # the per-step case: one stream
+        if n == 1 and self.count <= 1 and self.last < 0:  # the per-step case: one stream
             old = self.refs[:1].copy() if self.count else _NONE
             self.data[0] = nxt[0]
             self.refs[0] = refs[0, 1]

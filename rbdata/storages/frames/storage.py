@@ -335,12 +335,36 @@ class FrameStackStorage(Storage):
             return False
         if check is not None:
             check(slot, item)
-        self._put(
-            np.array([slot]),
-            [v[None] if isinstance(v, np.ndarray) else np.asarray([v]) for v in values],
-            1,
-        )
+        self._put_one(slot, values)
         return True
+
+    def _put_one(self, slot: int, values: list[Any]) -> None:
+        """Write one checked step (leaves in layout order) at ring ``slot``."""
+        pool, tracker = self._pool, self._tracker
+        assert pool is not None and tracker is not None
+        obs_at, next_at, others = self._places
+        word, shape = self._word, (1, self._stack, -1)
+        obs = np.ascontiguousarray(values[obs_at]).view(np.uint8).reshape(shape).view(word)
+        nxt = np.ascontiguousarray(values[next_at]).view(np.uint8).reshape(shape).view(word)
+        refs = np.empty((1, 2, self._stack), np.int64)
+        frames = tracker.plan(obs, nxt, refs)
+        fresh = pool.take(frames.shape[0])
+        pool.store(fresh, frames)
+        old = self._refs_rows()[slot].copy() if slot < self._length else _NONE
+        pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
+        rows = [values[i] for i in others]
+        rows.append(refs[0])  # cast to int32 by the row assignment
+        if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
+            payload = [torch.as_tensor(np.asarray(r)) for r in rows]
+            payload[-1] = payload[-1].to(torch.int32)
+            self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
+        pool.release(old)  # after the steps: a freed frame is never reused by this write
+        tracker.keep(nxt, refs, pool)
+        top = slot + 1
+        if top > self._length:
+            self._length = top
+        self._next = top % self.capacity
+        self._items_written += 1
 
     def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
         """A small batch (one env step of ``n_envs`` streams) at the ring slots from ``start``."""
