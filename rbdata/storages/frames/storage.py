@@ -291,7 +291,7 @@ class FrameStackStorage(Storage):
         return arr.view(self._word) if self._word is not np.uint8 else arr
 
     def _refs_rows(self) -> np.ndarray:
-        """The steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view, or a CPU copy).
+        """The CPU steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view).
 
         The view is cached with the data pointer of the steps' refs buffer and rebuilt when
         that moved (see ``rbdata/storages/_memory.py``).
@@ -300,9 +300,7 @@ class FrameStackStorage(Storage):
         cached = self._refs_cache
         if cached is not None and cached[0] is refs and cached[1] == refs.data_ptr():
             return cached[2]
-        if not refs.is_cpu:
-            return refs.cpu().numpy()
-        view = refs.numpy()
+        view = refs.numpy()  # the per-step path runs on CPU steps only
         self._refs_cache = (refs, refs.data_ptr(), view)
         return view
 
@@ -313,6 +311,10 @@ class FrameStackStorage(Storage):
             return np.zeros(0, np.int64)
         if live.size > 1:
             live = np.unique(live)
+        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
+        if not refs.is_cpu:  # gather on the device, copy only these rows
+            index = torch.from_numpy(live).to(refs.device)
+            return refs.index_select(0, index).cpu().numpy().astype(np.int64)
         return self._refs_rows()[live].astype(np.int64)
 
     @staticmethod
