@@ -265,3 +265,15 @@ def test_real_atari_frames_bit_exact() -> None:
     assert_same(raw, ref)
     # one new frame per env step, plus a stack's worth at each of the episode starts
     assert storage.frames_stored < 250 + 2 * 4 * 6
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 64, 65])
+def test_trajectory_in_chunks_stores_each_frame_once(chunk) -> None:
+    """One env's trajectory written ``chunk`` steps at a time: one new frame per step."""
+    data = rollout(200, 1, seed=7, mean_episode=10**9, repeat_p=0.0)
+    storage = FrameStackStorage(256, 4, codec="lz4")
+    rb = ReplayBuffer(storage=storage)
+    for start in range(0, 200, chunk):
+        rb.extend(data[start : start + chunk])
+    assert storage.frames_stored == live_frames(data, list(range(200))) == 1 + 200
+    assert_same(storage, reference_after(data, 256, [slice(0, 200)]))

@@ -16,8 +16,8 @@ observation's frames shifted by one where they are equal, else a repeat of its o
 frame, else a new frame.
 
 The tracker keeps the next observations (a copy of their bytes) of the last write's first
-:data:`TRACKED` positions and of its last step, and holds a reference on their frames in the
-pool, so a candidate's frames are always still stored.
+:data:`TRACKED` positions and of its last step (for a write of more than one step), and holds
+a reference on their frames in the pool, so a candidate's frames are always still stored.
 """
 
 from __future__ import annotations
@@ -121,7 +121,7 @@ class StreamTracker:
         self.data = np.zeros((TRACKED + 1, stack, words), dtype)
         self.refs = np.zeros((TRACKED + 1, stack), np.int64)
         self.count = 0  # positions kept
-        self.last = -1  # row of the last step (a write longer than TRACKED), or -1
+        self.last = -1  # row of the last write's last step (a write of 2 steps or more), or -1
 
     def pinned(self) -> np.ndarray:
         """The slots this tracker holds a reference on."""
@@ -150,7 +150,7 @@ class StreamTracker:
         self.refs[:count] = refs[:count, 1]
         self.count = count
         self.last = -1
-        if n > count:
+        if n > 1:  # a trajectory written in chunks continues from the last step
             self.data[count] = nxt[n - 1]
             self.refs[count] = refs[n - 1, 1]
             self.last = count
