@@ -11,6 +11,7 @@ from rbdata.storages._describe import (
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
 from rbdata.storages.convert import convert
+from rbdata.storages.frames import FrameStackStorage
 from rbdata.storages.list import ListStorage
 from rbdata.storages.memmap import DirectoryWriter, MemmapStorage
 from rbdata.storages.tensor import TensorStorage
@@ -19,6 +20,7 @@ __all__ = [
     "ArrowStorage",
     "Codec",
     "DirectoryWriter",
+    "FrameStackStorage",
     "KeyInfo",
     "ListStorage",
     "MemmapStorage",

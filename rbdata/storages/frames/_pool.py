@@ -1,0 +1,328 @@
+"""The frames of a :class:`~rbdata.storages.FrameStackStorage`: :class:`FramePool`.
+
+A pool is a set of frame *slots* with reference counts. Every step refers to the slots of its
+two stacks (its refs, ``2 * stack`` int32 per step, kept with the step's other fields); a slot
+is free again when no step (and no stream of the writer, see ``_streams.py``) refers to it,
+and a free slot is reused before a new one is touched. So a frame lives exactly as long as a
+stored step needs it: a step the storage holds can always be read back, whatever the episode
+lengths, resets or writes that came since. Samplers need no rule of their own (every index in
+``[0, len)`` is readable), which is why the storage has no "invalid" steps to tell them about.
+
+Frames are kept either raw, in one tensor ``[slots, *frame]`` (on the storage's device), or
+compressed, one blob per frame in one byte log (``codec``): a blob is appended, and when the
+log is full it is compacted (the live blobs moved down, in log order) if at least 1/16 of it
+is dead, else it grows. Both grow by reallocation when more slots are needed than the
+storage's default (``capacity + capacity // 64`` plus the writer's pins); memory is committed
+as it is written (zeroed pages are the kernel's, untouched until a frame lands).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+import torch
+
+from rbdata.storages.frames._codecs import FrameCodec
+
+__all__ = ["FramePool"]
+
+_MIN_LOG = 1 << 20
+
+
+@numba.njit(nogil=True, cache=True)
+def _acquire(count: Any, refs: Any) -> None:
+    for r in refs:
+        count[r] += 1
+
+
+@numba.njit(nogil=True, cache=True)
+def _release(count: Any, refs: Any, free: Any, nfree: int) -> int:
+    """Drop one reference per entry of ``refs``; push the slots that reach 0; new ``nfree``."""
+    for r in refs:
+        c = count[r] - 1
+        count[r] = c
+        if c == 0:
+            free[nfree] = r
+            nfree += 1
+    return nfree
+
+
+@numba.njit(nogil=True, cache=True)
+def _compact(log: Any, offsets: Any, lengths: Any, order: Any) -> int:
+    """Move the blobs of slots ``order`` (by ascending offset) down to the log's start."""
+    head = 0
+    for s in order:
+        start, n = offsets[s], lengths[s]
+        if start != head:
+            log[head : head + n] = log[start : start + n]  # memmove: head < start
+            offsets[s] = head
+        head += n
+    return head
+
+
+def _zeros(nbytes: int) -> np.ndarray:
+    """Zeroed bytes committed as they are written (``calloc``: the kernel's zero pages)."""
+    return np.zeros(max(nbytes, 1), np.uint8)
+
+
+class FramePool:
+    """Reference-counted frame slots, raw or compressed (see the module docstring).
+
+    Args:
+        frame_shape: one frame's shape (``[H, W]`` or ``[H, W, C]``).
+        dtype: the frames' dtype.
+        slots: slots to start with (more are added when needed).
+        codec: ``None`` (raw) or the :class:`FrameCodec` of the blobs.
+        device: where raw frames live and reads return them.
+    """
+
+    def __init__(
+        self,
+        frame_shape: tuple[int, ...],
+        dtype: torch.dtype,
+        slots: int,
+        codec: FrameCodec | None,
+        device: torch.device,
+    ) -> None:
+        self.frame_shape = tuple(frame_shape)
+        self.dtype = dtype
+        self.codec = codec
+        self.device = device
+        self.frame_bytes = int(np.prod(self.frame_shape, dtype=np.int64)) * dtype.itemsize
+        self._count = np.zeros(slots, np.int32)
+        self._free = np.empty(slots, np.int64)
+        self._nfree = 0
+        self._high = 0  # slots [0, high) were used once; above, untouched
+        self._frames: torch.Tensor | None = None
+        self._log = _zeros(0)
+        self._head = 0
+        self._live_bytes = 0
+        self._offsets = np.zeros(0, np.int64)
+        self._lengths = np.zeros(0, np.int64)
+        if codec is None:
+            self._frames = self._new_frames(slots)
+        else:
+            self._offsets = np.zeros(slots, np.int64)
+            self._lengths = np.zeros(slots, np.int64)
+            self._log = _zeros(max(_MIN_LOG, slots * self.frame_bytes // 32))
+
+    # --- slots and references ------------------------------------------------------------
+    @property
+    def slots(self) -> int:
+        """Slots the pool has now."""
+        return int(self._count.shape[0])
+
+    @property
+    def live(self) -> int:
+        """Slots that some step (or the writer) refers to."""
+        return self._high - self._nfree
+
+    @property
+    def high(self) -> int:
+        """Slots ever used (the raw memory touched is ``high`` frames)."""
+        return self._high
+
+    def nbytes(self) -> int:
+        """Bytes the frames take now: touched raw slots, or the used log, plus the counts."""
+        meta = self._high * (4 + (16 if self.codec is not None else 0))
+        if self.codec is None:
+            return self._high * self.frame_bytes + meta
+        return self._head + meta
+
+    def take(self, n: int) -> np.ndarray:
+        """``n`` free slots (each with no reference yet): reused ones first, then new ones."""
+        out = np.empty(n, np.int64)
+        k = min(n, self._nfree)
+        if k:
+            out[:k] = self._free[self._nfree - k : self._nfree][::-1]
+            self._nfree -= k
+        rest = n - k
+        if rest:
+            if self._high + rest > self.slots:
+                self._grow(self._high + rest)
+            out[k:] = np.arange(self._high, self._high + rest)
+            self._high += rest
+        return out
+
+    def acquire(self, refs: np.ndarray) -> None:
+        """Add one reference per entry of ``refs`` (in-range slots, any repeats)."""
+        _acquire(self._count, refs.reshape(-1))
+
+    def release(self, refs: np.ndarray) -> None:
+        """Drop one reference per entry; slots left with none are free (data kept until reused)."""
+        freed = self._nfree
+        self._nfree = _release(self._count, refs.reshape(-1), self._free, self._nfree)
+        if self.codec is not None and self._nfree > freed:
+            dead = self._free[freed : self._nfree]
+            self._live_bytes -= int(self._lengths[dead].sum())
+
+    def reset(self) -> None:
+        """Forget every frame (the memory is kept)."""
+        self._count[:] = 0
+        self._nfree = 0
+        self._high = 0
+        self._head = 0
+        self._live_bytes = 0
+
+    def rebuild(self, refs: np.ndarray) -> None:
+        """Counts from scratch: one reference per entry of ``refs`` (the stored steps' refs).
+
+        Used when a storage is loaded: slots below the highest referenced one that nobody
+        refers to are free.
+        """
+        self._count[:] = 0
+        flat = refs.reshape(-1)
+        if flat.size:
+            _acquire(self._count, flat)
+        self._high = int(flat.max()) + 1 if flat.size else 0
+        unused = np.flatnonzero(self._count[: self._high] == 0)
+        self._nfree = int(unused.size)
+        self._free[: self._nfree] = unused[::-1]
+        if self.codec is not None:
+            live = np.flatnonzero(self._count[: self._high])
+            self._live_bytes = int(self._lengths[live].sum())
+
+    def check_refs(self, refs: np.ndarray) -> None:
+        """Raise ``ValueError`` unless every ref is a slot of this pool (loaded data)."""
+        if refs.size and (int(refs.min()) < 0 or int(refs.max()) >= self.slots):
+            raise ValueError(
+                f"frame refs out of range: [{int(refs.min())}, {int(refs.max())}] for a pool of "
+                f"{self.slots} frames"
+            )
+
+    # --- data ----------------------------------------------------------------------------
+    def store(self, slots: np.ndarray, frames: np.ndarray) -> None:
+        """Write ``frames`` (``[n, frame_bytes]`` uint8 rows, C-contiguous) at ``slots``."""
+        if not slots.size:
+            return
+        if self.codec is None:
+            assert self._frames is not None
+            rows = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
+            if self._frames.is_cpu:
+                flat = self._frames.view(torch.uint8).view(self.slots, -1).numpy()
+                flat[slots] = frames
+            else:
+                index = torch.from_numpy(slots).to(self.device)
+                self._frames.index_copy_(0, index, rows.to(self.device))
+            return
+        codec = self.codec
+        blobs = [codec.compress(f) for f in frames]
+        sizes = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
+        total = int(sizes.sum())
+        if self._head + total > self._log.shape[0]:
+            self._make_room(total)
+        head = self._head
+        data = np.frombuffer(b"".join(blobs), np.uint8)
+        self._log[head : head + total] = data
+        starts = head + np.cumsum(sizes) - sizes
+        self._offsets[slots] = starts
+        self._lengths[slots] = sizes
+        self._head = head + total
+        self._live_bytes += total
+
+    def read(self, refs: torch.Tensor) -> torch.Tensor:
+        """The frames at ``refs`` (any shape of in-range slots): ``[*refs.shape, *frame]``."""
+        flat = refs.reshape(-1)
+        if self.codec is None:
+            assert self._frames is not None
+            if flat.device != self._frames.device:
+                flat = flat.to(self._frames.device, non_blocking=flat.is_cpu)
+            out = torch.index_select(self._frames, 0, flat)
+            return out.view(*refs.shape, *self.frame_shape)
+        unique, inverse = torch.unique(flat.cpu(), return_inverse=True)
+        slots = unique.numpy()
+        decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
+        self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
+        frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
+        out = torch.index_select(frames, 0, inverse)
+        if self.device.type != "cpu":
+            out = out.to(self.device)
+        return out.view(*refs.shape, *self.frame_shape)
+
+    def read_pair(self, refs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Both stacks of the steps whose refs are ``refs`` (``[n, 2, stack]``).
+
+        Two contiguous ``[n, stack, *frame]`` tensors; each distinct frame is decoded once.
+        """
+        if self.codec is None:
+            refs = refs.long()
+            return self.read(refs[:, 0]), self.read(refs[:, 1])
+        flat = refs.reshape(-1).long().cpu()
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        slots = unique.numpy()
+        decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
+        self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
+        frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
+        if self.device.type != "cpu":
+            frames = frames.to(self.device)
+            inverse = inverse.to(self.device)
+        inverse = inverse.view(refs.shape[0], 2, -1)
+        shape = (refs.shape[0], refs.shape[2], *self.frame_shape)
+        obs = torch.index_select(frames, 0, inverse[:, 0].reshape(-1)).view(shape)
+        nxt = torch.index_select(frames, 0, inverse[:, 1].reshape(-1)).view(shape)
+        return obs, nxt
+
+    # --- pickling: the used part only, as plain bytes ---------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        high = self._high
+        state["_slots"] = self.slots
+        if self._frames is not None:
+            state["_frames"] = self._frames[:high].detach().cpu().numpy().copy()
+        state["_log"] = self._log[: self._head].copy()
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        slots = state.pop("_slots")
+        frames, log = state["_frames"], state["_log"]
+        self.__dict__.update(state)
+        if frames is not None:
+            self._frames = self._new_frames(slots)
+            self._frames[: frames.shape[0]] = torch.from_numpy(frames)
+        size = max(_MIN_LOG, slots * self.frame_bytes // 32, log.shape[0])
+        self._log = _zeros(size)
+        self._log[: log.shape[0]] = log
+
+    # --- growth --------------------------------------------------------------------------
+    def _new_frames(self, slots: int) -> torch.Tensor:
+        if self.device.type == "cpu":
+            block = torch.from_numpy(_zeros(slots * self.frame_bytes)[: slots * self.frame_bytes])
+            return block.view(self.dtype).view(slots, *self.frame_shape)
+        return torch.zeros((slots, *self.frame_shape), dtype=self.dtype, device=self.device)
+
+    def _grow(self, needed: int) -> None:
+        """At least ``needed`` slots (x1.25 at least): counts, free list and frames copied."""
+        slots = max(needed, self.slots + self.slots // 4 + 16)
+        count = np.zeros(slots, np.int32)
+        count[: self.slots] = self._count
+        free = np.empty(slots, np.int64)
+        free[: self._nfree] = self._free[: self._nfree]
+        if self.codec is None:
+            assert self._frames is not None
+            frames = self._new_frames(slots)
+            frames[: self._high] = self._frames[: self._high]
+            self._frames = frames
+        else:
+            offsets = np.zeros(slots, np.int64)
+            lengths = np.zeros(slots, np.int64)
+            offsets[: self.slots] = self._offsets
+            lengths[: self.slots] = self._lengths
+            self._offsets, self._lengths = offsets, lengths
+        self._count, self._free = count, free
+
+    def _make_room(self, total: int) -> None:
+        """Room for ``total`` more bytes: compact the log if 1/16 of it is dead, grow if needed."""
+        dead = self._head - self._live_bytes
+        if dead and dead >= self._head // 16:
+            live = np.flatnonzero(self._count[: self._high] > 0)
+            order = live[np.argsort(self._offsets[live], kind="stable")]
+            self._head = _compact(self._log, self._offsets, self._lengths, order)
+            self._live_bytes = self._head
+        if self._head + total <= self._log.shape[0]:
+            return
+        size = max(self._head + total, self._log.shape[0] + self._log.shape[0] // 2)
+        log = _zeros(size)
+        log[: self._head] = self._log[: self._head]
+        self._log = log

@@ -1,0 +1,144 @@
+"""Which frames of a write are new: :class:`StreamTracker` and the planning kernel.
+
+A write brings, per step, two stacks (observation and next observation) of ``stack`` frames.
+Most of them are stored already: the observation of a step is the next observation of the
+step before it *in the same env stream*, and the next observation shares all but its newest
+frame with the observation. The plan finds every frame it can reuse by comparing bytes (so a
+guess can cost space, never correctness), and numbers the rest as new frames.
+
+Candidates for step ``j``'s observation, in order: the next observation of step ``j - 1`` of
+the same write (a trajectory written in chunks), then the stack the tracker kept for position
+``j`` of the previous write (vectorised envs: one write of ``n_envs`` steps per env step,
+stream ``j`` at position ``j``), then, for ``j == 0``, the previous write's last step. With no
+full match the stack's frames are stored, a frame equal to the one before it in the stack
+once (a reset with repeated frames stores one frame). The next observation reuses the
+observation's frames shifted by one where they are equal, else a repeat of its own previous
+frame, else a new frame.
+
+The tracker keeps the next observations (a copy of their bytes) of the last write's first
+:data:`TRACKED` positions and of its last step, and holds a reference on their frames in the
+pool, so a candidate's frames are always still stored.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numba
+import numpy as np
+
+from rbdata.storages.frames._pool import FramePool
+
+__all__ = ["TRACKED", "StreamTracker", "plan"]
+
+#: Env streams followed across writes (positions of a batched write; SB3's ``n_envs``).
+TRACKED = 64
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _same(a: Any, b: Any) -> bool:
+    n, i = a.shape[0], 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i == n
+
+
+@numba.njit(nogil=True, cache=True)
+def _same_stack(a: Any, b: Any) -> bool:
+    n, k = a.shape[0], 0
+    while k < n and _same(a[k], b[k]):
+        k += 1
+    return k == n
+
+
+@numba.njit(nogil=True, cache=True)
+def plan(
+    obs: Any, nxt: Any, kept: Any, kept_refs: Any, n_kept: int, last: int, refs: Any, src: Any
+) -> int:
+    """Fill ``refs`` ``[n, 2, S]``: a stored slot, or ``-1 - k`` for the ``k``-th new frame.
+
+    ``obs``, ``nxt``: ``[n, S, words]``; ``kept``/``kept_refs``: the tracker's stacks and their
+    slots, positions ``0..n_kept-1`` then, at ``last`` (``-1``: none), the last step's.
+    ``src[k]`` gets the new frame's place ``(j * 2 + which) * S + pos``. Returns the count.
+    """
+    n, s = obs.shape[0], obs.shape[1]
+    new = 0
+    for j in range(n):
+        found = False
+        if j > 0 and _same_stack(obs[j], nxt[j - 1]):
+            refs[j, 0, :] = refs[j - 1, 1, :]
+            found = True
+        if not found and j < n_kept and _same_stack(obs[j], kept[j]):
+            refs[j, 0, :] = kept_refs[j]
+            found = True
+        if not found and j == 0 and last >= 0 and _same_stack(obs[0], kept[last]):
+            refs[0, 0, :] = kept_refs[last]
+            found = True
+        if not found:
+            for k in range(s):
+                if k > 0 and _same(obs[j, k], obs[j, k - 1]):
+                    refs[j, 0, k] = refs[j, 0, k - 1]
+                else:
+                    refs[j, 0, k] = -1 - new
+                    src[new] = (j * 2) * s + k
+                    new += 1
+        for k in range(s):
+            if k + 1 < s and _same(nxt[j, k], obs[j, k + 1]):
+                refs[j, 1, k] = refs[j, 0, k + 1]
+            elif k > 0 and _same(nxt[j, k], nxt[j, k - 1]):
+                refs[j, 1, k] = refs[j, 1, k - 1]
+            else:
+                refs[j, 1, k] = -1 - new
+                src[new] = (j * 2 + 1) * s + k
+                new += 1
+    return new
+
+
+class StreamTracker:
+    """The last write's next observations (bytes and pinned slots), as candidates.
+
+    Args:
+        stack: frames per stack.
+        words: one frame's length in the words the plan compares.
+        dtype: those words' numpy dtype (``uint64`` where the frame bytes allow, else ``uint8``).
+    """
+
+    def __init__(self, stack: int, words: int, dtype: Any) -> None:
+        self.data = np.zeros((TRACKED + 1, stack, words), dtype)
+        self.refs = np.zeros((TRACKED + 1, stack), np.int64)
+        self.count = 0  # positions kept
+        self.last = -1  # row of the last step (a write longer than TRACKED), or -1
+
+    def pinned(self) -> np.ndarray:
+        """The slots this tracker holds a reference on."""
+        rows = self.count + (1 if self.last >= 0 else 0)
+        return self.refs[:rows]
+
+    def plan(self, obs: np.ndarray, nxt: np.ndarray, refs: np.ndarray) -> tuple[int, np.ndarray]:
+        """Plan a write (see :func:`plan`): the new frames' count and their places."""
+        src = np.empty(refs.size, np.int64)
+        count = plan(obs, nxt, self.data, self.refs, self.count, self.last, refs, src)
+        return count, src[:count]
+
+    def keep(self, nxt: np.ndarray, refs: np.ndarray, pool: FramePool) -> None:
+        """Keep this write's next observations (``refs``: its final ``[n, 2, S]`` slots)."""
+        n = nxt.shape[0]
+        old = self.pinned().copy()
+        count = min(n, TRACKED)
+        self.data[:count] = nxt[:count]
+        self.refs[:count] = refs[:count, 1]
+        self.count = count
+        self.last = -1
+        if n > count:
+            self.data[count] = nxt[n - 1]
+            self.refs[count] = refs[n - 1, 1]
+            self.last = count
+        pool.acquire(self.pinned())
+        pool.release(old)
+
+    def forget(self, pool: FramePool | None) -> None:
+        """Drop every kept stack (and, with ``pool``, their references)."""
+        if pool is not None:
+            pool.release(self.pinned().copy())
+        self.count = 0
+        self.last = -1

@@ -1,0 +1,368 @@
+"""``FrameStackStorage``: pixel transitions with each frame stored once, optionally compressed.
+
+Users write the transitions they have: ``key`` (``"observation"`` by default) and
+``("next", key)`` are frame stacks ``[stack, H, W]`` or ``[stack, H, W, C]`` (a batch adds
+the leading dimension), next to any other fields. The storage keeps
+
+* every other field, plus each step's *refs* (the pool slots of its two stacks: ``2 * stack``
+  int32), in a :class:`~rbdata.storages.TensorStorage` (in memory) or a
+  :class:`~rbdata.storages.MemmapStorage` (``path``): the *steps*;
+* the frames in a :class:`~rbdata.storages.frames._pool.FramePool`: reference-counted slots,
+  raw or compressed one by one (``codec``).
+
+A write stores only the frames it cannot find already (``_streams.py``): a step that continues
+the previous one (in the same env stream) adds its newest frame; an episode start, a reset with
+repeated frames, another env's stream store what they need. Reads rebuild both stacks
+bit-exactly from the refs. A frame lives as long as a stored step refers to it, so every index
+in ``[0, len)`` can be read back: samplers need no rule of their own (no step is ever left
+with overwritten frames).
+"""
+
+from __future__ import annotations
+
+import pickle
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata._layout import Layout, Leaf
+from rbdata._layout_keys import DICT_KIND, TENSOR
+from rbdata._shown import shown
+from rbdata.storages.base import Prepared, Storage, WriteTarget
+from rbdata.storages.frames._codecs import FrameCodec
+from rbdata.storages.frames._pool import FramePool
+from rbdata.storages.frames._streams import TRACKED, StreamTracker
+from rbdata.storages.tensor import TensorStorage
+
+__all__ = ["REFS_KEY", "FrameStackStorage"]
+
+#: The steps' leaf that holds each step's frame slots (``[2, stack]`` int32).
+REFS_KEY = ("_frame_refs",)
+
+
+class FrameStackStorage(Storage):
+    """Frame-stacked pixel transitions, each frame stored once (optionally compressed).
+
+    Args:
+        capacity: steps (transitions) held.
+        stack: frames per stack (4 for the usual Atari setup).
+        key: the stacked observation's key; ``("next", key)`` is its next observation.
+        path: ``None`` (in memory), or a new directory for the steps' files.
+        codec: ``None`` (raw frames), ``"lz4"``, ``"zstd"`` or ``("zstd", level)``: each
+            frame compressed on its own (``pip install 'rbdata[pixels]'``).
+        device: where reads return the data (and raw frames live); ``None``: CPU.
+
+    Raises:
+        ValueError: a bad ``stack``, ``key`` or ``codec``.
+        ImportError: the codec's library is missing.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> frames = torch.arange(7 * 4, dtype=torch.uint8).view(7, 2, 2)  # 7 frames of 2x2
+        >>> obs = torch.stack([frames[i : i + 3] for i in range(4)])  # 4 steps, stacks of 3
+        >>> nxt = torch.stack([frames[i + 1 : i + 4] for i in range(4)])
+        >>> td = TensorDict({"observation": obs, ("next", "observation"): nxt,
+        ...                  "action": torch.arange(4)}, [4])
+        >>> storage = FrameStackStorage(100, stack=3)
+        >>> storage.set(slice(0, 4), td)
+        >>> storage.frames_stored  # 3 for the first stack, then one per step
+        7
+        >>> bool((storage[2]["next", "observation"] == nxt[2]).all())
+        True
+    """
+
+    def __init__(
+        self,
+        capacity: int,
+        stack: int,
+        *,
+        key: str | tuple[str, ...] = "observation",
+        path: Any = None,
+        codec: str | tuple[str, int] | None = None,
+        device: torch.device | str | None = None,
+    ) -> None:
+        super().__init__(capacity, device)
+        if type(stack) is not int or stack < 1:
+            raise ValueError(f"stack must be a positive int (frames per stack), got {shown(stack)}")
+        self._stack = stack
+        keys = (key,) if isinstance(key, str) else tuple(key)
+        if not keys or not all(isinstance(k, str) and k for k in keys) or keys[0] == "next":
+            raise ValueError(f"key must be a non-empty str (or tuple of str), got {shown(key)}")
+        self._key: tuple[str, ...] = keys
+        self._next_key: tuple[str, ...] = ("next", *keys)
+        self._codec = None if codec is None else FrameCodec(codec)
+        self._path = path
+        self._steps: Storage = self._new_steps(path)
+        self._pool: FramePool | None = None
+        self._tracker: StreamTracker | None = None
+        self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
+        self._frame_layout: tuple[tuple[int, ...], torch.dtype] | None = None
+
+    def _new_steps(self, path: Any) -> Storage:
+        if path is None:
+            return TensorStorage(self.capacity, self.device)
+        from rbdata.storages.memmap import MemmapStorage
+
+        return MemmapStorage(self.capacity, path)
+
+    # --- what it is ------------------------------------------------------------------------
+    @property
+    def stack(self) -> int:
+        """Frames per stack."""
+        return self._stack
+
+    @property
+    def key(self) -> tuple[str, ...]:
+        """The stacked observation's key (``("next", *key)`` is the next observation)."""
+        return self._key
+
+    @property
+    def codec(self) -> str | list[Any] | None:
+        """The codec as given (``None``: raw frames)."""
+        return None if self._codec is None else self._codec.spec()
+
+    @property
+    def frames_stored(self) -> int:
+        """Frames held now (those some stored step, or the writer's streams, refer to)."""
+        return 0 if self._pool is None else self._pool.live
+
+    @property
+    def steps(self) -> Storage:
+        """The storage of the steps' other fields and frame refs (for implementers)."""
+        return self._steps
+
+    def nbytes(self) -> int:
+        """Bytes the data takes: the frames (touched or compressed) and the steps' fields."""
+        layout = self._steps.layout
+        step = 0 if layout is None else layout.item_nbytes
+        frames = 0 if self._pool is None else self._pool.nbytes()
+        return frames + step * len(self)
+
+    def config(self) -> dict[str, Any]:
+        """``capacity``, ``stack``, ``key``, ``codec`` and ``device``."""
+        return {
+            "capacity": self.capacity,
+            "stack": self._stack,
+            "key": list(self._key),
+            "codec": self.codec,
+            "device": str(self.device),
+        }
+
+    def __repr__(self) -> str:
+        return (
+            f"FrameStackStorage(len={len(self)}, capacity={self.capacity}, stack={self._stack}, "
+            f"codec={self.codec!r}, frames={self.frames_stored})"
+        )
+
+    # --- layout ----------------------------------------------------------------------------
+    def _payload_device(self) -> torch.device | None:
+        return torch.device("cpu")  # frames are compared and split on the CPU
+
+    def _infer_layout(self, data: Any, batched: bool) -> Layout:
+        layout = Layout.from_data(data, batched)
+        self.check_layout(layout)
+        return layout
+
+    def check_layout(self, layout: Layout) -> None:  # type: ignore[override]
+        """Refuse a layout without both stacks, or with stacks of another shape or dtype."""
+        names = f"{self._key!r} and {self._next_key!r}"
+        if layout.kind != DICT_KIND:
+            raise TypeError(f"FrameStackStorage stores dict-like transitions with {names}")
+        leaves = {leaf.key: leaf for leaf in layout.leaves}
+        obs, nxt = leaves.get(self._key), leaves.get(self._next_key)
+        if obs is None or nxt is None:
+            missing = self._key if obs is None else self._next_key
+            raise ValueError(
+                f"key {missing!r}: FrameStackStorage needs the stacks {names} in every write"
+            )
+        for leaf in (obs, nxt):
+            if leaf.kind != TENSOR or len(leaf.shape) not in (3, 4):
+                raise ValueError(
+                    f"key {leaf.key!r}: a stack is [stack, H, W] or [stack, H, W, C] per step, "
+                    f"got {list(leaf.shape)}"
+                )
+            if leaf.shape[0] != self._stack:
+                raise ValueError(
+                    f"key {leaf.key!r}: stacks of {self._stack} frames expected (stack="
+                    f"{self._stack}), got {leaf.shape[0]}"
+                )
+        if (obs.shape, obs.dtype) != (nxt.shape, nxt.dtype):
+            raise ValueError(
+                f"keys {names}: the stacks differ ({obs.dtype} {list(obs.shape)} vs "
+                f"{nxt.dtype} {list(nxt.shape)})"
+            )
+
+    def _allocate(self, layout: Layout) -> None:
+        keys = list(layout.keys)
+        obs_at, next_at = keys.index(self._key), keys.index(self._next_key)
+        others = [i for i in range(len(keys)) if i not in (obs_at, next_at)]
+        self._places = (obs_at, next_at, others)
+        leaf = layout.leaves[obs_at]
+        frame_shape, dtype = tuple(leaf.shape[1:]), leaf.dtype
+        self._frame_layout = (frame_shape, dtype)
+        steps = [layout.leaves[i] for i in others]
+        steps.append(Leaf(REFS_KEY, (2, self._stack), torch.int32))
+        self._steps_layout = Layout(DICT_KIND, steps)
+        # every step's newest frame, plus 1/64 for episode starts and the writer's pins
+        slots = self.capacity + self.capacity // 64 + 2 * self._stack * (TRACKED + 2)
+        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device)
+        frame_bytes = self._pool.frame_bytes
+        words, word = (
+            (frame_bytes // 8, np.uint64) if frame_bytes % 8 == 0 else (frame_bytes, np.uint8)
+        )
+        self._tracker = StreamTracker(self._stack, words, word)
+        self._word = word
+
+    # --- writes ----------------------------------------------------------------------------
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
+        """Store the new frames, then the steps with their refs (see the module docstring).
+
+        Raises:
+            IndexError: the write would leave unwritten steps below the new length (a
+                ``set`` past ``len``); nothing is written.
+        """
+        self._check_open()
+        if target.top > len(self) and target.n and self._leaves_gap(target):
+            raise IndexError(
+                f"index: FrameStackStorage holds written steps only; the next free slot is "
+                f"{len(self)}, a write there (or below) comes first"
+            )
+        if prepared.layout is not None:
+            self._ensure_layout(prepared.layout)
+        pool, tracker = self._pool, self._tracker
+        assert pool is not None and tracker is not None
+        obs_at, next_at, others = self._places
+        payload = prepared.payload
+        n = target.n
+        obs = self._words(payload[obs_at], n)
+        nxt = self._words(payload[next_at], n)
+        refs = np.empty((n, 2, self._stack), np.int64)
+        count, places = tracker.plan(obs, nxt, refs)
+        known = refs[refs >= 0]
+        pool.acquire(known)  # before the old steps let go: they may share these frames
+        slots = target.slots_numpy()
+        pool.release(self._old_refs(slots))
+        fresh = pool.take(count)
+        if count:
+            pool.store(fresh, self._new_frames(obs, nxt, places))
+            new = refs < 0
+            refs[new] = fresh[-1 - refs[new]]
+            pool.acquire(refs[new])
+        if target.indices is not None:  # a slot written twice keeps its last item only
+            self._release_overwritten(slots, refs, pool)
+        tracker.keep(nxt, refs, pool)
+        rows = torch.from_numpy(refs.astype(np.int32))
+        inner = [payload[i] for i in others]
+        inner.append(rows if prepared.batched else rows[0])
+        first = self._steps.layout is None
+        steps = Prepared(inner, n, self._steps_layout if first else None, prepared.batched)
+        self._steps.commit(target, steps)
+        self._items_written += n
+        if target.top > len(self):
+            self._set_length(target.top)
+        self._set_next(target.next_slot(self.capacity, self.next_slot))
+
+    def _new_frames(self, obs: np.ndarray, nxt: np.ndarray, places: np.ndarray) -> np.ndarray:
+        """The frames at ``places`` (``(j * 2 + which) * stack + k``) as ``uint8`` rows."""
+        step, pos = np.divmod(places, self._stack)
+        j, which = np.divmod(step, 2)
+        rows = np.empty((places.size, obs.shape[2]), obs.dtype)
+        from_obs = which == 0
+        rows[from_obs] = obs[j[from_obs], pos[from_obs]]
+        rows[~from_obs] = nxt[j[~from_obs], pos[~from_obs]]
+        return rows.view(np.uint8)
+
+    def _leaves_gap(self, target: WriteTarget) -> bool:
+        """Whether writing ``target`` would leave a never-written slot below its top."""
+        slots = np.unique(target.slots_numpy())
+        above = slots[slots >= len(self)]
+        return bool(above.size) and int(above[-1]) - len(self) + 1 != above.size
+
+    def _words(self, t: Any, n: int) -> np.ndarray:
+        """A stack payload as ``[n, stack, words]`` numpy (a copy only if not contiguous)."""
+        arr = t.detach().contiguous().view(torch.uint8).numpy().reshape(n, self._stack, -1)
+        return arr.view(self._word) if self._word is not np.uint8 else arr
+
+    def _refs_view(self) -> np.ndarray:
+        """The steps' refs as numpy ``[capacity, 2, stack]`` (a view of the steps' buffer)."""
+        buffers = self._steps.buffers  # type: ignore[attr-defined]
+        return buffers[-1].cpu().numpy() if not buffers[-1].is_cpu else buffers[-1].numpy()
+
+    def _old_refs(self, slots: np.ndarray) -> np.ndarray:
+        """The refs of the stored steps that ``slots`` overwrite (each slot once)."""
+        live = slots[slots < len(self)]
+        if not live.size:
+            return np.zeros(0, np.int64)
+        if live.size > 1:
+            live = np.unique(live)
+        return self._refs_view()[live].astype(np.int64)
+
+    @staticmethod
+    def _release_overwritten(slots: np.ndarray, refs: np.ndarray, pool: FramePool) -> None:
+        """Release the items of a write whose slot a later item of it writes again."""
+        _, last = np.unique(slots[::-1], return_index=True)
+        keep = np.zeros(slots.size, bool)
+        keep[slots.size - 1 - last] = True
+        if not keep.all():
+            pool.release(refs[~keep])
+
+    def _write(self, target: WriteTarget, payload: list[Any]) -> None:  # pragma: no cover
+        raise AssertionError("FrameStackStorage writes through commit")
+
+    def _write_one(self, index: int, payload: list[Any]) -> None:  # pragma: no cover
+        raise AssertionError("FrameStackStorage writes through commit")
+
+    def clear(self) -> None:
+        """Forget all steps and frames (the memory is kept)."""
+        self._check_open()
+        self._steps.clear()
+        if self._pool is not None:
+            assert self._tracker is not None
+            self._tracker.forget(None)
+            self._pool.reset()
+        super().clear()
+
+    # --- reads -----------------------------------------------------------------------------
+    def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
+        """The steps at ``idx``: their fields, and both stacks rebuilt from the frames."""
+        pool = self._pool
+        if pool is None:
+            raise IndexError("the storage is empty")
+        batch = self._steps.gather(idx, extra)
+        refs = batch.get(REFS_KEY[0])
+        del batch[REFS_KEY[0]]
+        obs, nxt = pool.read_pair(refs)
+        batch.set(self._key, obs)
+        batch.set(self._next_key, nxt)
+        return batch
+
+    def _get(self, index: int) -> Any:
+        return self.gather(torch.tensor([index]), None)[0]
+
+    # --- pickling: a consistent snapshot ---------------------------------------------------
+    def __getstate__(self) -> dict[str, Any]:
+        state = self.__dict__.copy()
+        # the steps and the frames travel together as one copy (pickled plainly, never moved
+        # to shared memory: a reader never pairs new steps with old frames); a copy of a
+        # storage with a path is an in-memory one
+        steps, n = self._steps, len(self._steps)
+        layout = steps.layout
+        snapshot = {
+            "length": n,
+            "next": steps.next_slot,
+            "layout": None if layout is None else layout.to_json(),
+            "buffers": []
+            if layout is None
+            else [b[:n].detach().cpu().clone() for b in steps.buffers],  # type: ignore[attr-defined]
+        }
+        state["_steps"] = pickle.dumps(snapshot)
+        state["_path"] = None
+        return state
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        snapshot = pickle.loads(state.pop("_steps"))
+        self.__dict__.update(state)
+        config = {"max_size": self.capacity, "device": str(self.device)}
+        self._steps = TensorStorage.from_state(config, snapshot, None)  # type: ignore[arg-type]

@@ -1,0 +1,198 @@
+"""FrameStackStorage: bit-exact reads against the plain stacks, each frame stored once."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+from _frames_data import rollout
+from tensordict import TensorDict
+from torch.utils.data import DataLoader
+
+from rbdata import ReplayBuffer
+from rbdata.samplers import (
+    PrioritizedSampler,
+    SamplerWithoutReplacement,
+    SliceSampler,
+    UniformSampler,
+)
+from rbdata.storages import FrameStackStorage, TensorStorage
+
+CODECS = [None, "lz4", ("zstd", 1)]
+
+
+def reference_after(data: TensorDict, capacity: int, writes: list[slice]) -> TensorStorage:
+    """A plain TensorStorage of the stacks, written by the same ring writes."""
+    ref = TensorStorage(capacity)
+    rb = ReplayBuffer(storage=ref)
+    for part in writes:
+        rb.extend(data[part])
+    return ref
+
+
+def assert_same(storage: FrameStackStorage, ref: TensorStorage) -> None:
+    assert len(storage) == len(ref)
+    idx = torch.arange(len(ref))
+    got, want = storage[idx], ref[idx]
+    for key in want.keys(include_nested=True, leaves_only=True):
+        assert torch.equal(got[key], want[key]), key
+
+
+def live_frames(data: TensorDict, slots: list[int]) -> int:
+    """Distinct frames (by bytes) of the stored steps: a lower bound of what must be kept."""
+    seen = set()
+    for i in slots:
+        for key in ("observation", ("next", "observation")):
+            for f in data[key][i]:
+                seen.add(f.numpy().tobytes())
+    return len(seen)
+
+
+def assert_no_leak(storage: FrameStackStorage) -> None:
+    """The frames kept are exactly those the stored steps and the writer's streams refer to."""
+    refs = storage.steps[torch.arange(len(storage))]["_frame_refs"].numpy()
+    pinned = storage._tracker.pinned()
+    held = np.union1d(np.unique(refs), np.unique(pinned))
+    assert storage.frames_stored == held.size
+
+
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize(
+    ("n_envs", "frame", "zero_pad"),
+    [(1, (6, 5), False), (3, (8, 8), True), (2, (4, 4, 3), False)],
+)
+def test_vectorised_streams_ring_wrap_bit_exact(codec, n_envs, frame, zero_pad) -> None:
+    steps = 150
+    data = rollout(steps, n_envs, frame=frame, seed=n_envs, zero_pad=zero_pad)
+    capacity = 97  # not a multiple of n_envs: the ring wraps mid-write
+    storage = FrameStackStorage(capacity, 4, codec=codec)
+    rb = ReplayBuffer(storage=storage)
+    writes = [slice(t * n_envs, (t + 1) * n_envs) for t in range(steps)]
+    for part in writes:
+        if n_envs == 1:
+            rb.add(data[part.start])
+        else:
+            rb.extend(data[part])
+    assert_same(storage, reference_after(data, capacity, writes))
+    # every frame once: a single stream adds one frame per step, plus its episode starts
+    order = [(t * n_envs + e) for t in range(steps) for e in range(n_envs)]
+    stored = order[-capacity:]
+    needed = live_frames(data, stored)
+    pins = 4 * n_envs  # the writer keeps the last next stack of each stream
+    assert needed <= storage.frames_stored <= needed + pins
+    assert_no_leak(storage)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_trajectory_chunks_and_random_sets(codec) -> None:
+    data = rollout(400, 1, seed=5)
+    storage = FrameStackStorage(64, 4, codec=codec)
+    ref = TensorStorage(64)
+    rng = np.random.default_rng(0)
+    start = 0
+    for size in [1, 10, 63, 64, 7, 30]:  # extends that wrap, one of a full capacity
+        part = data[start : start + size]
+        ReplayBuffer(storage=storage).extend(part)  # a fresh writer resumes at next_slot
+        ReplayBuffer(storage=ref).extend(part)
+        start += size
+        assert_same(storage, ref)
+    for _ in range(20):  # overwrite random slots, repeats included (the last one wins)
+        slots = torch.from_numpy(rng.integers(0, 64, 5))
+        rows = data[torch.from_numpy(rng.integers(0, 400, 5))]
+        storage.set(slots, rows)
+        ref.set(slots, rows)
+        assert_same(storage, ref)
+    assert_no_leak(storage)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_every_sampler_reads_exact_stacks(codec) -> None:
+    data = rollout(300, 2, seed=2)
+    ref_by_id = {int(i): k for k, i in enumerate(range(600))}
+    del ref_by_id
+    for sampler in (
+        UniformSampler(),
+        SamplerWithoutReplacement(),
+        PrioritizedSampler(128, alpha=0.7, beta=0.5),
+        SliceSampler(slice_len=4, end_key=("next", "done"), strict_length=False),
+    ):
+        storage = FrameStackStorage(128, 4, codec=codec)
+        ids = torch.arange(600)
+        td = data.clone()
+        td["id"] = ids
+        rb = ReplayBuffer(storage=storage, sampler=sampler)
+        for t in range(300):
+            rb.extend(td[2 * t : 2 * t + 2])
+        for _ in range(5):
+            batch = rb.sample(16)
+            rows = data[batch["id"]]
+            assert torch.equal(batch["observation"], rows["observation"])
+            assert torch.equal(batch["next", "observation"], rows["next", "observation"])
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_pickle_and_dataloader_workers(codec) -> None:
+    data = rollout(120, 1, seed=3)
+    data["id"] = torch.arange(120)
+    storage = FrameStackStorage(50, 4, codec=codec)
+    rb = ReplayBuffer(storage=storage)
+    for start in range(0, 120, 40):
+        rb.extend(data[start : start + 40])
+    copy = pickle.loads(pickle.dumps(storage))
+    assert torch.equal(
+        copy[torch.arange(50)]["observation"], storage[torch.arange(50)]["observation"]
+    )
+    loader = DataLoader(storage, batch_size=10, num_workers=2, collate_fn=lambda b: b)
+    ids, obs = [], []
+    for batch in loader:
+        ids.append(batch["id"])
+        obs.append(batch["observation"])
+    ids_t = torch.cat(ids)
+    assert sorted(ids_t.tolist()) == list(range(70, 120))
+    assert torch.equal(torch.cat(obs), data["observation"][ids_t])
+    # the copy is a snapshot: writes to the original after the pickle do not reach it
+    more = rollout(10, 1, seed=9)
+    more["id"] = torch.arange(120, 130)
+    ReplayBuffer(storage=storage).extend(more)
+    again = copy[torch.arange(50)]
+    assert sorted(again["id"].tolist()) == list(range(70, 120))
+    assert torch.equal(again["observation"], data["observation"][again["id"]])
+
+
+def test_refusals_name_the_problem() -> None:
+    storage = FrameStackStorage(10, 4)
+    frames = torch.zeros(2, 4, 3, 3, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"\('next', 'observation'\)"):
+        storage.set(slice(0, 2), TensorDict({"observation": frames}, [2]))
+    with pytest.raises(ValueError, match="stacks of 4 frames"):
+        bad = torch.zeros(2, 3, 3, 3, dtype=torch.uint8)
+        storage.set(
+            slice(0, 2), TensorDict({"observation": bad, ("next", "observation"): bad}, [2])
+        )
+    with pytest.raises(TypeError, match="dict-like"):
+        storage.set(slice(0, 2), frames)
+    good = TensorDict({"observation": frames, ("next", "observation"): frames}, [2])
+    with pytest.raises(IndexError, match="written steps only"):
+        storage.set(slice(3, 5), good)
+    assert len(storage) == 0
+    with pytest.raises(ValueError, match="stack"):
+        FrameStackStorage(10, 0)
+    with pytest.raises(ValueError, match="codec"):
+        FrameStackStorage(10, 4, codec="gzip")
+    with pytest.raises(ValueError, match="level"):
+        FrameStackStorage(10, 4, codec=("zstd", 99))
+
+
+def test_damaged_blob_raises_not_crashes() -> None:
+    data = rollout(20, 1, seed=4)
+    storage = FrameStackStorage(20, 4, codec="lz4")
+    ReplayBuffer(storage=storage).extend(data)
+    pool = storage._pool
+    pool._lengths[: pool.high] += 3  # every blob now claims bytes that are not its own
+    with pytest.raises(ValueError, match="damaged"):
+        storage[torch.arange(20)]
+    pool._offsets[: pool.high] = 1 << 40  # outside the log
+    with pytest.raises(ValueError, match="damaged"):
+        storage[torch.arange(20)]
