@@ -25,7 +25,7 @@ from rbdata.datasets import _atari_convert as convert_module
 from rbdata.datasets import atari as atari_module
 from rbdata.datasets._atari_catalog import atari_catalog, atari_id, atari_source, checkpoint_spec
 from rbdata.datasets._atari_convert import count_transitions, write_transitions
-from rbdata.storages import TensorStorage
+from rbdata.storages import FrameStackStorage, TensorStorage
 from tests._atari_dqn_files import load, reference, serve_ranges, write_run
 
 LOGS = "Pong/1/replay_logs"
@@ -151,6 +151,24 @@ def test_any_storage_gets_stacked_views(files: Path) -> None:
     obs, nxt = data["observation"], data["next", "observation"]
     assert nxt.data_ptr() - obs.data_ptr() == 6 * 5  # the same frames, one frame on
     assert obs.stride(0) == obs.stride(1) == 6 * 5  # a sliding window: one frame per step
+
+
+@pytest.mark.parametrize("codec", [None, "lz4", ("zstd", 3)])
+def test_a_frame_stack_storage_rebuilds_the_stacks(files: Path, codec: Any) -> None:
+    """The conversion's target to be: each frame stored once, stacks rebuilt bit-exactly."""
+    checkpoints = [0, 1, 2, 3, 4]
+    source = atari_source("Pong", 1, checkpoints)
+    sources = [(c, {r: files / LOGS / n for r, n in source.files(c).items()}) for c in checkpoints]
+    total = sum(c.transitions for c in count_transitions(sources))
+    storage = FrameStackStorage(total, 4, codec=codec)
+    write_transitions(sources, storage)
+    expected = check(storage, files / LOGS, checkpoints)
+    runs = 1 + sum(
+        b["index"] != a["index"] + 1 or a["episode"] != b["episode"]
+        for a, b in itertools.pairwise(expected)
+    )
+    # one new frame a step, and at most the four of a whole stack where a run starts
+    assert total < storage.frames_stored <= total + 4 * runs
 
 
 # --- the cache, downloads, mirrors -------------------------------------------------------------

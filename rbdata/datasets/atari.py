@@ -55,10 +55,12 @@ key                                   from the checkpoint (index ``i``)
                                       transition, and each checkpoint starts a new one
 ====================================  ===================================================
 
-**Checkpoint 50.** By batch_rl's code, suffixes ``0 .. 49`` are the buffer each time its
-cursor reached ``capacity - 1`` (consecutive, non-overlapping 1M records), and the last suffix
-is the buffer at the end of training, saved with ``add_count`` set to the cursor
-(``log_final_buffer``): it reads as not full and holds the records since the one before.
+**The last checkpoint.** By batch_rl's code, a checkpoint is saved whenever an ``add`` leaves
+the cursor at ``capacity - 1`` (about every 1M records; from the second on, one reads from row
+``capacity - 1`` round to ``capacity - 2``), and once more at the end of training with
+``add_count`` set to the cursor (``log_final_buffer``): that last one, expected at suffix 50,
+reads as not full and holds only the records since the one before. ``info["metadata"]
+["checkpoints"]`` gives each checkpoint's capacity, ``add_count``, cursor and transitions.
 
 The files come from the public bucket (behind ``RBDATA_ATARI_DQN_MIRROR`` if set: a mirror of
 its ``dqn/`` folder, a URL or a ``file://`` folder) or from a local folder (``file=``, e.g. what
