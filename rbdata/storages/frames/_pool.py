@@ -50,6 +50,21 @@ def _release(count: Any, refs: Any, free: Any, nfree: int) -> int:
 
 
 @numba.njit(nogil=True, cache=True)
+def _settle(count: Any, refs: Any, fresh: Any, old: Any, free: Any, nfree: int) -> int:
+    """Resolve placeholders, add a reference per entry of ``refs``, drop one per ``old``.
+
+    A placeholder ``-1 - k`` in ``refs`` becomes ``fresh[k]`` (in place). Returns ``nfree``.
+    """
+    for i in range(refs.shape[0]):
+        r = refs[i]
+        if r < 0:
+            r = fresh[-1 - r]
+            refs[i] = r
+        count[r] += 1
+    return _release(count, old, free, nfree)
+
+
+@numba.njit(nogil=True, cache=True)
 def _compact(log: Any, offsets: Any, lengths: Any, order: Any) -> int:
     """Move the blobs of slots ``order`` (by ascending offset) down to the log's start."""
     head = 0
@@ -96,13 +111,14 @@ class FramePool:
         self._nfree = 0
         self._high = 0  # slots [0, high) were used once; above, untouched
         self._frames: torch.Tensor | None = None
+        self._rows: np.ndarray | None = None  # numpy [slots, frame_bytes] of CPU frames
         self._log = _zeros(0)
         self._head = 0
         self._live_bytes = 0
         self._offsets = np.zeros(0, np.int64)
         self._lengths = np.zeros(0, np.int64)
         if codec is None:
-            self._frames = self._new_frames(slots)
+            self._set_frames(self._new_frames(slots))
         else:
             self._offsets = np.zeros(slots, np.int64)
             self._lengths = np.zeros(slots, np.int64)
@@ -133,6 +149,10 @@ class FramePool:
 
     def take(self, n: int) -> np.ndarray:
         """``n`` free slots (each with no reference yet): reused ones first, then new ones."""
+        nfree = self._nfree
+        if n == 1 and nfree:  # the per-step case
+            self._nfree = nfree - 1
+            return self._free[nfree - 1 : nfree].copy()
         out = np.empty(n, np.int64)
         k = min(n, self._nfree)
         if k:
@@ -149,6 +169,18 @@ class FramePool:
     def acquire(self, refs: np.ndarray) -> None:
         """Add one reference per entry of ``refs`` (in-range slots, any repeats)."""
         _acquire(self._count, refs.reshape(-1))
+
+    def settle(self, refs: np.ndarray, fresh: np.ndarray, old: np.ndarray) -> None:
+        """Take a write's references, then drop those of the steps it overwrote (``old``).
+
+        Placeholders ``-1 - k`` in ``refs`` become ``fresh[k]`` (in place).
+        """
+        freed = self._nfree
+        flat = refs.reshape(-1)
+        self._nfree = _settle(self._count, flat, fresh, old.reshape(-1), self._free, freed)
+        if self.codec is not None and self._nfree > freed:
+            dead = self._free[freed : self._nfree]
+            self._live_bytes -= int(self._lengths[dead].sum())
 
     def release(self, refs: np.ndarray) -> None:
         """Drop one reference per entry; slots left with none are free (data kept until reused)."""
@@ -198,24 +230,39 @@ class FramePool:
         if not slots.size:
             return
         if self.codec is None:
+            rows = self._rows
+            if rows is not None:  # CPU: numpy rows of the frames
+                if slots.shape[0] == 1:
+                    rows[slots[0]] = frames[0]
+                else:
+                    rows[slots] = frames
+                return
             assert self._frames is not None
-            rows = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
-            if self._frames.is_cpu:
-                flat = self._frames.view(torch.uint8).view(self.slots, -1).numpy()
-                flat[slots] = frames
-            else:
-                index = torch.from_numpy(slots).to(self.device)
-                self._frames.index_copy_(0, index, rows.to(self.device))
+            data = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
+            index = torch.from_numpy(slots).to(self.device)
+            self._frames.index_copy_(0, index, data.to(self.device))
             return
         codec = self.codec
+        if slots.shape[0] == 1:  # the per-step case: one frame, no arrays built
+            blob = codec.compress(frames[0])
+            size = len(blob)
+            if self._head + size > self._log.shape[0]:
+                self._make_room(size)
+            head = self._head
+            self._log[head : head + size] = np.frombuffer(blob, np.uint8)
+            slot = slots[0]
+            self._offsets[slot] = head
+            self._lengths[slot] = size
+            self._head = head + size
+            self._live_bytes += size
+            return
         blobs = [codec.compress(f) for f in frames]
         sizes = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
         total = int(sizes.sum())
         if self._head + total > self._log.shape[0]:
             self._make_room(total)
         head = self._head
-        data = np.frombuffer(b"".join(blobs), np.uint8)
-        self._log[head : head + total] = data
+        self._log[head : head + total] = np.frombuffer(b"".join(blobs), np.uint8)
         starts = head + np.cumsum(sizes) - sizes
         self._offsets[slots] = starts
         self._lengths[slots] = sizes
@@ -269,6 +316,7 @@ class FramePool:
         state = self.__dict__.copy()
         high = self._high
         state["_slots"] = self.slots
+        state["_rows"] = None
         if self._frames is not None:
             state["_frames"] = self._frames[:high].detach().cpu().numpy().copy()
         state["_log"] = self._log[: self._head].copy()
@@ -279,7 +327,8 @@ class FramePool:
         frames, log = state["_frames"], state["_log"]
         self.__dict__.update(state)
         if frames is not None:
-            self._frames = self._new_frames(slots)
+            self._set_frames(self._new_frames(slots))
+            assert self._frames is not None
             self._frames[: frames.shape[0]] = torch.from_numpy(frames)
         size = max(_MIN_LOG, slots * self.frame_bytes // 32, log.shape[0])
         self._log = _zeros(size)
@@ -292,6 +341,14 @@ class FramePool:
             return block.view(self.dtype).view(slots, *self.frame_shape)
         return torch.zeros((slots, *self.frame_shape), dtype=self.dtype, device=self.device)
 
+    def _set_frames(self, frames: torch.Tensor) -> None:
+        """Take ``frames`` (this pool's own tensor: nothing else moves its memory)."""
+        self._frames = frames
+        rows = None
+        if frames.is_cpu:
+            rows = frames.view(torch.uint8).view(frames.shape[0], -1).numpy()
+        self._rows = rows
+
     def _grow(self, needed: int) -> None:
         """At least ``needed`` slots (x1.25 at least): counts, free list and frames copied."""
         slots = max(needed, self.slots + self.slots // 4 + 16)
@@ -303,7 +360,7 @@ class FramePool:
             assert self._frames is not None
             frames = self._new_frames(slots)
             frames[: self._high] = self._frames[: self._high]
-            self._frames = frames
+            self._set_frames(frames)
         else:
             offsets = np.zeros(slots, np.int64)
             lengths = np.zeros(slots, np.int64)
