@@ -277,3 +277,15 @@ def test_trajectory_in_chunks_stores_each_frame_once(chunk) -> None:
         rb.extend(data[start : start + chunk])
     assert storage.frames_stored == live_frames(data, list(range(200))) == 1 + 200
     assert_same(storage, reference_after(data, 256, [slice(0, 200)]))
+
+
+def test_empty_extend_is_a_no_op() -> None:
+    data = rollout(10, 1, seed=8)
+    storage = FrameStackStorage(20, 4)
+    rb = ReplayBuffer(storage=storage)
+    rb.extend(data[:5])
+    before = storage.frames_stored
+    rb.extend(data[:0])
+    storage.set(torch.zeros(0, dtype=torch.int64), data[:0])
+    assert len(storage) == 5 and storage.frames_stored == before
+    assert torch.equal(storage[torch.arange(5)]["observation"], data["observation"][:5])

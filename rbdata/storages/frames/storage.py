@@ -245,6 +245,8 @@ class FrameStackStorage(Storage):
             )
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)
+        if not target.n:  # an empty batch: nothing to store
+            return
         pool, tracker = self._pool, self._tracker
         assert pool is not None and tracker is not None
         obs_at, next_at, others = self._places
