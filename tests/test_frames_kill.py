@@ -19,6 +19,7 @@ then writes on and reads back again. Workers are forked from a zygote (``_zygote
 
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import random
@@ -34,7 +35,18 @@ from test_memmap_kill import kill_and_reap, read_log
 from rbdata.storages import FrameStackStorage
 
 CAPACITY, STACK, SIDE, N_FRAMES, HI = 256, 4, 16, 4096, 200
-TRIALS = 10
+TRIALS = 16
+
+
+def size_of(seed: int, k: int) -> int:
+    """The size of batch ``k`` of the worker with ``seed`` (the worker's and the model's)."""
+    return random.Random(seed * 100_003 + k).randint(1, HI)
+
+
+def slots_of(seed: int, k: int, n: int, length: int) -> list[int]:
+    """The live slots the ``set`` of batch ``k`` writes (``n`` items, ``length`` stored)."""
+    return random.Random(-(seed * 100_003 + k)).sample(range(length), min(n, length))
+
 
 ZYGOTE = r"""
 import os, random, sys, traceback
@@ -93,22 +105,24 @@ def batch(streams, k, n):
 def work(root, seed, log):
     storage = FrameStackStorage(CAP, STACK, codec=CODEC, path=root / "storage")
     rb = ReplayBuffer(storage=storage)
-    plan, streams = random.Random(seed), Streams(random.Random(seed + 1))
+    streams = Streams(random.Random(seed + 1))
+    ready = [batch(streams, k, size_of(seed, k)) for k in range(1, 41)]  # most kills: writes
     k = 0
     while True:
         k += 1
-        n = plan.randint(1, HI)
+        items = ready[k - 1] if k <= len(ready) else batch(streams, k, size_of(seed, k))
         if k % 4 == 0:
-            slots = plan.sample(range(len(storage)), min(n, len(storage)))
-            storage.set(torch.tensor(slots), batch(streams, k, len(slots)))
+            slots = slots_of(seed, k, items.shape[0], len(storage))
+            storage.set(torch.tensor(slots), items[: len(slots)])
         else:
-            rb.extend(batch(streams, k, n))
+            rb.extend(items)
         os.write(log, f"done {k}\n".encode())
 
 
 warm = ReplayBuffer(FrameStackStorage(16, STACK, codec=CODEC))
 warm.extend(batch(Streams(random.Random(0)), 1, 9))
 """
+ZYGOTE += "\n".join(inspect.getsource(f) for f in (size_of, slots_of))
 
 FRAMES = torch.from_numpy(
     np.random.default_rng(123).integers(0, 256, (N_FRAMES, SIDE, SIDE), dtype=np.uint8)
@@ -117,14 +131,13 @@ FRAMES = torch.from_numpy(
 
 def model(seed: int, batches: int, sets: bool = True) -> tuple[np.ndarray, np.ndarray, int]:
     """Batch id and row of every slot after ``batches`` batches of the worker's plan."""
-    plan = random.Random(seed)
     bid = np.zeros(CAPACITY, np.int64)
     row = np.zeros(CAPACITY, np.int64)
     cursor = length = 0
     for k in range(1, batches + 1):
-        n = plan.randint(1, HI)
+        n = size_of(seed, k)
         if sets and k % 4 == 0:
-            slots = np.array(plan.sample(range(length), min(n, length)), np.int64)
+            slots = np.array(slots_of(seed, k, n, length), np.int64)
         else:
             slots = (cursor + np.arange(n)) % CAPACITY
             cursor = (cursor + n) % CAPACITY
@@ -218,11 +231,11 @@ def work(root, seed, log):
         _files.fsync_dir = _exit_after("fsync_dir", [0])
     storage = FrameStackStorage(CAP, STACK, codec="lz4", path=root / "storage")
     rb = ReplayBuffer(storage=storage)
-    plan, streams = random.Random(seed), Streams(random.Random(seed + 1))
+    streams = Streams(random.Random(seed + 1))
     k = 0
     while True:
         k += 1
-        rb.extend(batch(streams, k, plan.randint(1, HI)))
+        rb.extend(batch(streams, k, size_of(seed, k)))
         os.write(log, f"done {k}\n".encode())
 """
 

@@ -189,6 +189,11 @@ class FramePersistence(Storage):
         if self._files is not None:
             self._files.close()
 
+    def _writes_here(self) -> bool:
+        """Whether this process may write (not read-only, not a forked copy of a writer)."""
+        files = self._files
+        return not self._read_only and (files is None or files.writer in (None, os.getpid()))
+
     def _check_writable(self) -> None:
         self._check_open()
         if self._read_only:

@@ -13,42 +13,26 @@ compressed, one blob per frame in one byte log with a slot table (``codec``): a 
 appended, and when the log is full it is compacted (the live blobs moved down, in log order)
 if enough of it is dead, else it grows. Both grow when more slots are needed than the
 storage's default (``capacity + capacity // 64`` plus the writer's pins). The arrays are the
-pool's *memory*'s (``_memory.py``): process memory, committed as it is written, or the files
-of a storage directory (``_files.py``).
+pool's *memory*'s (``_memory.py``): process memory, or the files of a directory (``_files.py``).
+The counts' kernels are ``_counts.py``'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 
 from rbdata.storages.frames._codecs import FrameCodec
+from rbdata.storages.frames._counts import acquire as _acquire
+from rbdata.storages.frames._counts import release as _release
+from rbdata.storages.frames._counts import settle as _settle
 from rbdata.storages.frames._memory import FrameMemory, pack, zeros
 
 __all__ = ["FramePool"]
 
 _MIN_LOG = 1 << 20
-
-
-@numba.njit(nogil=True, cache=True)
-def _acquire(count: Any, refs: Any) -> None:
-    for r in refs:
-        count[r] += 1
-
-
-@numba.njit(nogil=True, cache=True)
-def _release(count: Any, refs: Any, free: Any, nfree: int) -> int:
-    """Drop one reference per entry of ``refs``; push the slots that reach 0; new ``nfree``."""
-    for r in refs:
-        c = count[r] - 1
-        count[r] = c
-        if c == 0:
-            free[nfree] = r
-            nfree += 1
-    return nfree
 
 
 class FramePool:
@@ -60,9 +44,8 @@ class FramePool:
         slots: slots to start with (more are added when needed).
         codec: ``None`` (raw) or the :class:`FrameCodec` of the blobs.
         device: where raw frames live and reads return them.
-        memory: where the arrays live (``_memory.py``): process memory by default, or the
-            :class:`~rbdata.storages.frames._files.FrameFiles` of a storage directory
-            (which may hold more slots already: the pool takes them all).
+        memory: where the arrays live (``_memory.py``; default: process memory), e.g. the
+            ``FrameFiles`` of a directory (with more slots already: the pool takes them).
     """
 
     def __init__(
@@ -81,13 +64,15 @@ class FramePool:
         self.frame_bytes = int(np.prod(self.frame_shape, dtype=np.int64)) * dtype.itemsize
         self._memory = FrameMemory(self.frame_shape, dtype, device) if memory is None else memory
         self._frames: torch.Tensor | None = None
+        self._rows: np.ndarray | None = None  # numpy [slots, frame_bytes] of CPU frames
         self._log = zeros(0)
         self._head = 0
         self._live_bytes = 0
         self._set_table(np.zeros((0, 2), np.int64))
         if codec is None:
-            self._frames = self._memory.frames(None, slots, 0)
-            slots = int(self._frames.shape[0])
+            frames = self._memory.frames(None, slots, 0)
+            self._set_frames(frames)
+            slots = int(frames.shape[0])
         else:
             self._set_table(self._memory.table(None, slots))
             slots = int(self._table.shape[0])
@@ -99,9 +84,7 @@ class FramePool:
 
     def _set_table(self, table: np.ndarray) -> None:
         """The slot table ``[slots, 2]``; ``_offsets`` and ``_lengths`` are its columns."""
-        self._table = table
-        self._offsets = table[:, 0]
-        self._lengths = table[:, 1]
+        self._table, self._offsets, self._lengths = table, table[:, 0], table[:, 1]
 
     # --- slots and references ------------------------------------------------------------
     @property
@@ -128,6 +111,10 @@ class FramePool:
 
     def take(self, n: int) -> np.ndarray:
         """``n`` free slots (each with no reference yet): reused ones first, then new ones."""
+        nfree = self._nfree
+        if n == 1 and nfree:  # the per-step case
+            self._nfree = nfree - 1
+            return self._free[nfree - 1 : nfree].copy()
         out = np.empty(n, np.int64)
         k = min(n, self._nfree)
         if k:
@@ -144,6 +131,18 @@ class FramePool:
     def acquire(self, refs: np.ndarray) -> None:
         """Add one reference per entry of ``refs`` (in-range slots, any repeats)."""
         _acquire(self._count, refs.reshape(-1))
+
+    def settle(self, refs: np.ndarray, fresh: np.ndarray, old: np.ndarray) -> None:
+        """Take a write's references, then drop those of the steps it overwrote (``old``).
+
+        Placeholders ``-1 - k`` in ``refs`` become ``fresh[k]`` (in place).
+        """
+        freed = self._nfree
+        flat = refs.reshape(-1)
+        self._nfree = _settle(self._count, flat, fresh, old.reshape(-1), self._free, freed)
+        if self.codec is not None and self._nfree > freed:
+            dead = self._free[freed : self._nfree]
+            self._live_bytes -= int(self._lengths[dead].sum())
 
     def release(self, refs: np.ndarray) -> None:
         """Drop one reference per entry; slots left with none are free (data kept until reused)."""
@@ -162,17 +161,18 @@ class FramePool:
         self._live_bytes = 0
 
     def rebuild(self, refs: np.ndarray) -> None:
-        """Counts from scratch: one reference per entry of ``refs`` (the stored steps' refs).
+        """Counts from scratch: a reference per entry of ``refs`` (the stored steps' refs).
 
-        Used when a storage is loaded or reopened: every slot nobody refers to is free (the
-        frames of a write killed before its steps were committed, the writer's pins).
-
-        Raises:
-            ValueError: a ref outside the pool, or (compressed) a referenced blob outside
-                the log: the files are corrupt; nothing is changed.
+        When a storage is loaded or reopened: what no step refers to is free (the frames of a
+        write killed before its steps' commit, the pins). ``ValueError`` (nothing changed):
+        a ref outside the pool, or a referenced blob outside the log.
         """
         flat = refs.reshape(-1)
-        self.check_refs(flat)
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.slots):
+            raise ValueError(
+                f"frame refs out of range: [{int(flat.min())}, {int(flat.max())}] for a pool of "
+                f"{self.slots} frames"
+            )
         high = int(flat.max()) + 1 if flat.size else 0
         count = np.zeros(self.slots, np.int32)
         if flat.size:
@@ -194,38 +194,45 @@ class FramePool:
         self._free[: self._nfree] = unused[::-1]
         self._head, self._live_bytes = head, live_bytes
 
-    def check_refs(self, refs: np.ndarray) -> None:
-        """Raise ``ValueError`` unless every ref is a slot of this pool (loaded data)."""
-        if refs.size and (int(refs.min()) < 0 or int(refs.max()) >= self.slots):
-            raise ValueError(
-                f"frame refs out of range: [{int(refs.min())}, {int(refs.max())}] for a pool of "
-                f"{self.slots} frames"
-            )
-
     # --- data ----------------------------------------------------------------------------
     def store(self, slots: np.ndarray, frames: np.ndarray) -> None:
         """Write ``frames`` (``[n, frame_bytes]`` uint8 rows, C-contiguous) at ``slots``."""
         if not slots.size:
             return
         if self.codec is None:
+            rows = self._rows
+            if rows is not None:  # CPU: numpy rows of the frames
+                if slots.shape[0] == 1:
+                    rows[slots[0]] = frames[0]
+                else:
+                    rows[slots] = frames
+                return
             assert self._frames is not None
-            rows = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
-            if self._frames.is_cpu:
-                flat = self._frames.view(torch.uint8).view(self.slots, -1).numpy()
-                flat[slots] = frames
-            else:
-                index = torch.from_numpy(slots).to(self.device)
-                self._frames.index_copy_(0, index, rows.to(self.device))
+            data = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
+            index = torch.from_numpy(slots).to(self.device)
+            self._frames.index_copy_(0, index, data.to(self.device))
             return
         codec = self.codec
+        if slots.shape[0] == 1:  # the per-step case: one frame, no arrays built
+            blob = codec.compress(frames[0])
+            size = len(blob)
+            if self._head + size > self._log.shape[0]:
+                self._make_room(size)
+            head = self._head
+            self._log[head : head + size] = np.frombuffer(blob, np.uint8)
+            slot = slots[0]
+            self._offsets[slot] = head
+            self._lengths[slot] = size
+            self._head = head + size
+            self._live_bytes += size
+            return
         blobs = [codec.compress(f) for f in frames]
         sizes = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
         total = int(sizes.sum())
         if self._head + total > self._log.shape[0]:
             self._make_room(total)
         head = self._head
-        data = np.frombuffer(b"".join(blobs), np.uint8)
-        self._log[head : head + total] = data
+        self._log[head : head + total] = np.frombuffer(b"".join(blobs), np.uint8)
         starts = head + np.cumsum(sizes) - sizes
         self._offsets[slots] = starts
         self._lengths[slots] = sizes
@@ -281,11 +288,10 @@ class FramePool:
         return self._live_bytes
 
     def export(self) -> tuple[np.ndarray, np.ndarray]:
-        """The frames of slots ``[0, high)`` to save, and their slot table.
+        """The frames of slots ``[0, high)`` to save (:meth:`load` takes them back).
 
-        Raw: the rows ``[high, frame_bytes]`` (``uint8``) and an empty table. Compressed: the
-        live blobs packed in offset order, and the table ``[high, 2]`` of their new places
-        (``0, 0`` for a free slot). :meth:`load` takes them back.
+        Raw: rows ``[high, frame_bytes]`` ``uint8``, an empty table. Compressed: the live blobs
+        packed, and the table ``[high, 2]`` of their places (``0, 0`` for a free slot).
         """
         high = self._high
         if self._frames is not None:
@@ -309,8 +315,7 @@ class FramePool:
             rows = torch.from_numpy(data).view(self.dtype).view(high, *self.frame_shape)
             self._frames[:high] = rows.to(self._frames.device)
             return
-        if data.shape[0] > self._log.shape[0]:
-            self._log = self._memory.log(self._log, data.shape[0], 0)
+        self._make_room(data.shape[0])  # the pool is empty: it grows the log if needed
         self._log[: data.shape[0]] = data
         self._table[:high] = table
         self._head = int(data.shape[0])
@@ -321,9 +326,8 @@ class FramePool:
 
     def close(self) -> None:
         """Release the arrays (and the files that hold them)."""
-        self._frames = None
+        self._frames = self._rows = None
         self._log = zeros(0)
-        self._set_table(np.zeros((0, 2), np.int64))
         self._memory.close()
 
     # --- pickling: the used part only, as plain bytes, into process memory -----------------
@@ -332,6 +336,7 @@ class FramePool:
         high = self._high
         state["_slots"] = self.slots
         state["_memory"] = self._memory.for_copy()
+        state["_rows"] = None
         if self._frames is not None:
             state["_frames"] = self._frames[:high].detach().cpu().numpy().copy()
         state["_log"] = self._log[: self._head].copy()
@@ -345,7 +350,8 @@ class FramePool:
         self.__dict__.update(state)
         self._frames = None
         if frames is not None:
-            self._frames = self._memory.frames(None, slots, 0)
+            self._set_frames(self._memory.frames(None, slots, 0))
+            assert self._frames is not None
             self._frames[: frames.shape[0]] = torch.from_numpy(frames)
             self._set_table(table)
             self._log = zeros(0)
@@ -355,13 +361,23 @@ class FramePool:
         self._log = self._memory.log(log, size, log.shape[0])
 
     # --- growth --------------------------------------------------------------------------
+    def _set_frames(self, frames: torch.Tensor) -> None:
+        """Take ``frames`` (this pool's own tensor: nothing else moves its memory)."""
+        self._frames = frames
+        rows = None
+        if frames.is_cpu:
+            rows = frames.view(torch.uint8).view(frames.shape[0], self.frame_bytes).numpy()
+        self._rows = rows
+
     def _grow(self, needed: int) -> None:
         """At least ``needed`` slots (x1.25 at least): counts, free list and frames kept."""
         slots = max(needed, self.slots + self.slots // 4 + 16)
         if self._frames is not None:
-            self._frames = self._memory.frames(self._frames, slots, self._high)
+            self._set_frames(self._memory.frames(self._frames, slots, self._high))
+            slots = int(self._frames.shape[0])
         else:
             self._set_table(self._memory.table(self._table, slots))
+            slots = int(self._table.shape[0])
         count = np.zeros(slots, np.int32)
         count[: self.slots] = self._count
         free = np.empty(slots, np.int64)

@@ -35,6 +35,7 @@ from rbdata._ids import new_id
 from rbdata._layout import Layout, Leaf
 from rbdata._layout_keys import DICT_KIND
 from rbdata._shown import shown
+from rbdata.storages._unpack import ItemUnpacker
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.frames._codecs import FrameCodec
 from rbdata.storages.frames._files import FrameFiles
@@ -46,6 +47,8 @@ from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["REFS_KEY", "FrameStackStorage"]
+
+_NONE = np.zeros(0, np.int64)
 
 #: The steps' leaf that holds each step's frame slots (``[2, stack]`` int32).
 REFS_KEY = ("_frame_refs",)
@@ -118,6 +121,9 @@ class FrameStackStorage(FramePersistence):
         self._tracker: StreamTracker | None = None
         self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
         self._frame_layout: tuple[tuple[int, ...], torch.dtype] | None = None
+        self._refs_cache: tuple[torch.Tensor, int, np.ndarray] | None = None  # _refs_rows
+        self._unpacker: ItemUnpacker | None = None  # the per-step path (see add_fast)
+        self._unpack: Any = None
 
     def _new_steps(self, path: Path | None) -> Storage:
         if path is None:
@@ -212,6 +218,14 @@ class FrameStackStorage(FramePersistence):
         )
         self._tracker = StreamTracker(self._stack, words, word)
         self._word = word
+        self._bind_fast(layout)
+
+    def _bind_fast(self, layout: Layout | None) -> None:
+        """Set up the per-step path (steps in CPU numpy rows; else every write commits)."""
+        self._unpacker = self._unpack = None
+        if layout is not None and self._steps.writes_rows and self._steps.device.type == "cpu":
+            self._unpacker = ItemUnpacker.for_layout(layout)
+            self._unpack = None if self._unpacker is None else self._unpacker.unpack
 
     # --- writes ----------------------------------------------------------------------------
     def commit(self, target: WriteTarget, prepared: Prepared) -> None:
@@ -229,6 +243,8 @@ class FrameStackStorage(FramePersistence):
             )
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)
+        if not target.n:  # an empty batch: nothing to store
+            return
         pool, tracker = self._pool, self._tracker
         assert pool is not None and tracker is not None
         obs_at, next_at, others = self._places
@@ -237,14 +253,15 @@ class FrameStackStorage(FramePersistence):
         obs = self._words(payload[obs_at], n)
         nxt = self._words(payload[next_at], n)
         refs = np.empty((n, 2, self._stack), np.int64)
-        count, places = tracker.plan(obs, nxt, refs)
+        frames = tracker.plan(obs, nxt, refs)
+        count = frames.shape[0]
         known = refs[refs >= 0]
         pool.acquire(known)  # before the old steps let go: they may share these frames
         slots = target.slots_numpy()
         old = self._old_refs(slots)  # released once the steps are committed (below)
         fresh = pool.take(count)
         if count:
-            pool.store(fresh, self._new_frames(obs, nxt, places))
+            pool.store(fresh, frames)
             new = refs < 0
             refs[new] = fresh[-1 - refs[new]]
             pool.acquire(refs[new])
@@ -263,16 +280,6 @@ class FrameStackStorage(FramePersistence):
             self._set_length(target.top)
         self._set_next(target.next_slot(self.capacity, self.next_slot))
 
-    def _new_frames(self, obs: np.ndarray, nxt: np.ndarray, places: np.ndarray) -> np.ndarray:
-        """The frames at ``places`` (``(j * 2 + which) * stack + k``) as ``uint8`` rows."""
-        step, pos = np.divmod(places, self._stack)
-        j, which = np.divmod(step, 2)
-        rows = np.empty((places.size, obs.shape[2]), obs.dtype)
-        from_obs = which == 0
-        rows[from_obs] = obs[j[from_obs], pos[from_obs]]
-        rows[~from_obs] = nxt[j[~from_obs], pos[~from_obs]]
-        return rows.view(np.uint8)
-
     def _leaves_gap(self, target: WriteTarget) -> bool:
         """Whether writing ``target`` would leave a never-written slot below its top."""
         slots = np.unique(target.slots_numpy())
@@ -284,10 +291,19 @@ class FrameStackStorage(FramePersistence):
         arr = t.detach().contiguous().view(torch.uint8).numpy().reshape(n, self._stack, -1)
         return arr.view(self._word) if self._word is not np.uint8 else arr
 
-    def _refs_view(self) -> np.ndarray:
-        """The steps' refs as numpy ``[capacity, 2, stack]`` (a view of the steps' buffer)."""
-        buffers = self._steps.buffers  # type: ignore[attr-defined]
-        return buffers[-1].cpu().numpy() if not buffers[-1].is_cpu else buffers[-1].numpy()
+    def _refs_rows(self) -> np.ndarray:
+        """The CPU steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view).
+
+        The view is cached with the data pointer of the steps' refs buffer and rebuilt when
+        that moved (see ``rbdata/storages/_memory.py``).
+        """
+        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
+        cached = self._refs_cache
+        if cached is not None and cached[0] is refs and cached[1] == refs.data_ptr():
+            return cached[2]
+        view = refs.numpy()  # the per-step path runs on CPU steps only
+        self._refs_cache = (refs, refs.data_ptr(), view)
+        return view
 
     def _old_refs(self, slots: np.ndarray) -> np.ndarray:
         """The refs of the stored steps that ``slots`` overwrite (each slot once)."""
@@ -296,7 +312,11 @@ class FrameStackStorage(FramePersistence):
             return np.zeros(0, np.int64)
         if live.size > 1:
             live = np.unique(live)
-        return self._refs_view()[live].astype(np.int64)
+        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
+        if not refs.is_cpu:  # gather on the device, copy only these rows
+            index = torch.from_numpy(live).to(refs.device)
+            return refs.index_select(0, index).cpu().numpy().astype(np.int64)
+        return self._refs_rows()[live].astype(np.int64)
 
     @staticmethod
     def _release_overwritten(slots: np.ndarray, refs: np.ndarray, pool: FramePool) -> None:
@@ -306,6 +326,93 @@ class FrameStackStorage(FramePersistence):
         keep[slots.size - 1 - last] = True
         if not keep.all():
             pool.release(refs[~keep])
+
+    # --- the per-step path of ring writers (see Storage.add_fast) ---------------------------
+    def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """One transition whose leaves match the layout exactly, without ``prepare``."""
+        unpack = self._unpack
+        if unpack is None or self._closed or self._steps.shared or not self._writes_here():
+            return False
+        values = unpack(item)
+        if values is None:
+            return False
+        if check is not None:
+            check(slot, item)
+        self._put_one(slot, values)
+        return True
+
+    def _put_one(self, slot: int, values: list[Any]) -> None:
+        """Write one checked step (leaves in layout order) at ring ``slot``."""
+        pool, tracker = self._pool, self._tracker
+        assert pool is not None and tracker is not None
+        obs_at, next_at, others = self._places
+        word, shape = self._word, (1, self._stack, -1)
+        obs = np.ascontiguousarray(values[obs_at]).view(np.uint8).reshape(shape).view(word)
+        nxt = np.ascontiguousarray(values[next_at]).view(np.uint8).reshape(shape).view(word)
+        refs = np.empty((1, 2, self._stack), np.int64)
+        frames = tracker.plan(obs, nxt, refs)
+        fresh = pool.take(frames.shape[0])
+        pool.store(fresh, frames)
+        old = self._refs_rows()[slot].copy() if slot < self._length else _NONE
+        pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
+        rows = [values[i] for i in others]
+        rows.append(refs[0])  # cast to int32 by the row assignment
+        if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
+            payload = [torch.as_tensor(np.asarray(r)) for r in rows]
+            payload[-1] = payload[-1].to(torch.int32)
+            self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
+        pool.release(old)  # after the steps: a freed frame is never reused by this write
+        tracker.keep(nxt, refs, pool)
+        top = slot + 1
+        if top > self._length:
+            self._length = top
+        self._next = top % self.capacity
+        self._items_written += 1
+
+    def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """A small batch (one env step of ``n_envs`` streams) at the ring slots from ``start``."""
+        unpacker = self._unpacker
+        if unpacker is None or self._closed or self._steps.shared or not self._writes_here():
+            return None
+        got = unpacker.unpack_batch(data)
+        if got is None or got[1] > self.capacity:
+            return None
+        values, n = got
+        slots = np.arange(start, start + n) % self.capacity
+        index = torch.from_numpy(slots)
+        if check is not None:
+            check(index, data)
+        self._put(slots, [np.asarray(v) for v in values], n)
+        return index
+
+    def _put(self, slots: np.ndarray, values: list[Any], n: int) -> None:
+        """Write ``n`` checked steps (numpy leaves, layout order) at ring ``slots``."""
+        pool, tracker = self._pool, self._tracker
+        assert pool is not None and tracker is not None
+        obs_at, next_at, others = self._places
+        word, shape = self._word, (n, self._stack, -1)
+        obs = np.ascontiguousarray(values[obs_at]).view(np.uint8).reshape(shape).view(word)
+        nxt = np.ascontiguousarray(values[next_at]).view(np.uint8).reshape(shape).view(word)
+        refs = np.empty((n, 2, self._stack), np.int64)
+        frames = tracker.plan(obs, nxt, refs)
+        fresh = pool.take(frames.shape[0])
+        pool.store(fresh, frames)
+        old = self._old_refs(slots)  # read before the steps are overwritten
+        pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
+        rows = [values[i] for i in others]
+        rows.append(refs.astype(np.int32))
+        start = int(slots[0])
+        if not self._steps.write_rows(start, n, rows):  # e.g. the steps' views were dropped
+            payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
+            target = WriteTarget.ring(start, n, self.capacity)
+            self._steps.commit(target, Prepared(payload, n, None, True))
+        pool.release(old)  # after the steps: a freed frame is never reused by this write
+        tracker.keep(nxt, refs, pool)
+        top = start + n
+        if top > self._length:
+            self._length = min(top, self.capacity)
+        self._next = top % self.capacity
+        self._items_written += n
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:  # pragma: no cover
         raise AssertionError("FrameStackStorage writes through commit")
@@ -348,6 +455,8 @@ class FrameStackStorage(FramePersistence):
         state = self.__dict__.copy()
         state["_steps"] = pickle.dumps(self._steps.dump_state(None))  # type: ignore[arg-type]
         state.update(_path=None, _files=None, _read_only=False)
+        state["_unpacker"] = state["_unpack"] = None  # compiled for this process: anew
+        state["_refs_cache"] = None
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -355,3 +464,4 @@ class FrameStackStorage(FramePersistence):
         self.__dict__.update(state)
         config = {"max_size": self.capacity, "device": str(self.device)}
         self._steps = TensorStorage.from_state(config, snapshot, None)  # type: ignore[arg-type]
+        self._bind_fast(self._layout)
