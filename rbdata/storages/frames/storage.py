@@ -43,12 +43,11 @@ from rbdata.storages.frames._format import STEPS_DIR, FramesMeta, check_stacks
 from rbdata.storages.frames._persist import FramePersistence
 from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.frames._streams import TRACKED, StreamTracker
+from rbdata.storages.frames._writer import FrameWriter
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["REFS_KEY", "FrameStackStorage"]
-
-_NONE = np.zeros(0, np.int64)
 
 #: The steps' leaf that holds each step's frame slots (``[2, stack]`` int32).
 REFS_KEY = ("_frame_refs",)
@@ -121,7 +120,7 @@ class FrameStackStorage(FramePersistence):
         self._tracker: StreamTracker | None = None
         self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
         self._frame_layout: tuple[tuple[int, ...], torch.dtype] | None = None
-        self._refs_cache: tuple[torch.Tensor, int, np.ndarray] | None = None  # _refs_rows
+        self._writer: FrameWriter | None = None  # the frames side of writes
         self._unpacker: ItemUnpacker | None = None  # the per-step path (see add_fast)
         self._unpack: Any = None
 
@@ -213,11 +212,10 @@ class FrameStackStorage(FramePersistence):
             self._files.fix_layout(layout)
         self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, self._files)
         frame_bytes = self._pool.frame_bytes
-        words, word = (
-            (frame_bytes // 8, np.uint64) if frame_bytes % 8 == 0 else (frame_bytes, np.uint8)
-        )
+        words = frame_bytes // 8 if frame_bytes % 8 == 0 else frame_bytes
+        word = np.uint64 if frame_bytes % 8 == 0 else np.uint8
         self._tracker = StreamTracker(self._stack, words, word)
-        self._word = word
+        self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
         self._bind_fast(layout)
 
     def _bind_fast(self, layout: Layout | None) -> None:
@@ -245,36 +243,22 @@ class FrameStackStorage(FramePersistence):
             self._ensure_layout(prepared.layout)
         if not target.n:  # an empty batch: nothing to store
             return
-        pool, tracker = self._pool, self._tracker
-        assert pool is not None and tracker is not None
+        writer = self._writer
+        assert writer is not None
         obs_at, next_at, others = self._places
         payload = prepared.payload
         n = target.n
-        obs = self._words(payload[obs_at], n)
-        nxt = self._words(payload[next_at], n)
-        refs = np.empty((n, 2, self._stack), np.int64)
-        frames = tracker.plan(obs, nxt, refs)
-        count = frames.shape[0]
-        known = refs[refs >= 0]
-        pool.acquire(known)  # before the old steps let go: they may share these frames
+        obs, nxt = writer.words(payload[obs_at], n), writer.words(payload[next_at], n)
         slots = target.slots_numpy()
-        old = self._old_refs(slots)  # released once the steps are committed (below)
-        fresh = pool.take(count)
-        if count:
-            pool.store(fresh, frames)
-            new = refs < 0
-            refs[new] = fresh[-1 - refs[new]]
-            pool.acquire(refs[new])
-        tracker.keep(nxt, refs, pool)  # pins first: it may keep a dropped item's frames
-        if target.indices is not None:  # a slot written twice keeps its last item only
-            self._release_overwritten(slots, refs, pool)
+        old = writer.old_refs(slots, len(self))  # released once the steps are committed
+        refs = writer.admit(obs, nxt, None if target.indices is None else slots)
         rows = torch.from_numpy(refs.astype(np.int32))
         inner = [payload[i] for i in others]
         inner.append(rows if prepared.batched else rows[0])
         first = self._steps.layout is None
         steps = Prepared(inner, n, self._steps_layout if first else None, prepared.batched)
         self._steps.commit(target, steps)
-        pool.release(old)  # after the commit: a kill never leaves old steps over new frames
+        writer.release(old)  # after the commit: a kill never leaves old steps over new frames
         self._items_written += n
         if target.top > len(self):
             self._set_length(target.top)
@@ -285,47 +269,6 @@ class FrameStackStorage(FramePersistence):
         slots = np.unique(target.slots_numpy())
         above = slots[slots >= len(self)]
         return bool(above.size) and int(above[-1]) - len(self) + 1 != above.size
-
-    def _words(self, t: Any, n: int) -> np.ndarray:
-        """A stack payload as ``[n, stack, words]`` numpy (a copy only if not contiguous)."""
-        arr = t.detach().contiguous().view(torch.uint8).numpy().reshape(n, self._stack, -1)
-        return arr.view(self._word) if self._word is not np.uint8 else arr
-
-    def _refs_rows(self) -> np.ndarray:
-        """The CPU steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view).
-
-        The view is cached with the data pointer of the steps' refs buffer and rebuilt when
-        that moved (see ``rbdata/storages/_memory.py``).
-        """
-        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
-        cached = self._refs_cache
-        if cached is not None and cached[0] is refs and cached[1] == refs.data_ptr():
-            return cached[2]
-        view = refs.numpy()  # the per-step path runs on CPU steps only
-        self._refs_cache = (refs, refs.data_ptr(), view)
-        return view
-
-    def _old_refs(self, slots: np.ndarray) -> np.ndarray:
-        """The refs of the stored steps that ``slots`` overwrite (each slot once)."""
-        live = slots[slots < len(self)]
-        if not live.size:
-            return np.zeros(0, np.int64)
-        if live.size > 1:
-            live = np.unique(live)
-        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
-        if not refs.is_cpu:  # gather on the device, copy only these rows
-            index = torch.from_numpy(live).to(refs.device)
-            return refs.index_select(0, index).cpu().numpy().astype(np.int64)
-        return self._refs_rows()[live].astype(np.int64)
-
-    @staticmethod
-    def _release_overwritten(slots: np.ndarray, refs: np.ndarray, pool: FramePool) -> None:
-        """Release the items of a write whose slot a later item of it writes again."""
-        _, last = np.unique(slots[::-1], return_index=True)
-        keep = np.zeros(slots.size, bool)
-        keep[slots.size - 1 - last] = True
-        if not keep.all():
-            pool.release(refs[~keep])
 
     # --- the per-step path of ring writers (see Storage.add_fast) ---------------------------
     def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
@@ -343,26 +286,19 @@ class FrameStackStorage(FramePersistence):
 
     def _put_one(self, slot: int, values: list[Any]) -> None:
         """Write one checked step (leaves in layout order) at ring ``slot``."""
-        pool, tracker = self._pool, self._tracker
-        assert pool is not None and tracker is not None
+        writer = self._writer
+        assert writer is not None
         obs_at, next_at, others = self._places
-        word, shape = self._word, (1, self._stack, -1)
-        obs = np.ascontiguousarray(values[obs_at]).view(np.uint8).reshape(shape).view(word)
-        nxt = np.ascontiguousarray(values[next_at]).view(np.uint8).reshape(shape).view(word)
-        refs = np.empty((1, 2, self._stack), np.int64)
-        frames = tracker.plan(obs, nxt, refs)
-        fresh = pool.take(frames.shape[0])
-        pool.store(fresh, frames)
-        old = self._refs_rows()[slot].copy() if slot < self._length else _NONE
-        pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
+        obs, nxt = writer.words(values[obs_at], 1), writer.words(values[next_at], 1)
+        old = writer.old_ref(slot, self._length)
+        refs = writer.admit(obs, nxt)
         rows = [values[i] for i in others]
         rows.append(refs[0])  # cast to int32 by the row assignment
         if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
             payload = [torch.as_tensor(np.asarray(r)) for r in rows]
             payload[-1] = payload[-1].to(torch.int32)
             self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
-        pool.release(old)  # after the steps: a freed frame is never reused by this write
-        tracker.keep(nxt, refs, pool)
+        writer.release(old)  # after the steps: a freed frame is never reused by this write
         top = slot + 1
         if top > self._length:
             self._length = top
@@ -387,18 +323,12 @@ class FrameStackStorage(FramePersistence):
 
     def _put(self, slots: np.ndarray, values: list[Any], n: int) -> None:
         """Write ``n`` checked steps (numpy leaves, layout order) at ring ``slots``."""
-        pool, tracker = self._pool, self._tracker
-        assert pool is not None and tracker is not None
+        writer = self._writer
+        assert writer is not None
         obs_at, next_at, others = self._places
-        word, shape = self._word, (n, self._stack, -1)
-        obs = np.ascontiguousarray(values[obs_at]).view(np.uint8).reshape(shape).view(word)
-        nxt = np.ascontiguousarray(values[next_at]).view(np.uint8).reshape(shape).view(word)
-        refs = np.empty((n, 2, self._stack), np.int64)
-        frames = tracker.plan(obs, nxt, refs)
-        fresh = pool.take(frames.shape[0])
-        pool.store(fresh, frames)
-        old = self._old_refs(slots)  # read before the steps are overwritten
-        pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
+        obs, nxt = writer.words(values[obs_at], n), writer.words(values[next_at], n)
+        old = writer.old_refs(slots, self._length)  # read before the steps are overwritten
+        refs = writer.admit(obs, nxt)
         rows = [values[i] for i in others]
         rows.append(refs.astype(np.int32))
         start = int(slots[0])
@@ -406,8 +336,7 @@ class FrameStackStorage(FramePersistence):
             payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
             target = WriteTarget.ring(start, n, self.capacity)
             self._steps.commit(target, Prepared(payload, n, None, True))
-        pool.release(old)  # after the steps: a freed frame is never reused by this write
-        tracker.keep(nxt, refs, pool)
+        writer.release(old)  # after the steps: a freed frame is never reused by this write
         top = start + n
         if top > self._length:
             self._length = min(top, self.capacity)
@@ -456,7 +385,7 @@ class FrameStackStorage(FramePersistence):
         state["_steps"] = pickle.dumps(self._steps.dump_state(None))  # type: ignore[arg-type]
         state.update(_path=None, _files=None, _read_only=False)
         state["_unpacker"] = state["_unpack"] = None  # compiled for this process: anew
-        state["_refs_cache"] = None
+        state["_writer"] = None  # bound to the steps, rebuilt with the copy's own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -464,4 +393,6 @@ class FrameStackStorage(FramePersistence):
         self.__dict__.update(state)
         config = {"max_size": self.capacity, "device": str(self.device)}
         self._steps = TensorStorage.from_state(config, snapshot, None)  # type: ignore[arg-type]
+        if self._pool is not None and self._tracker is not None:
+            self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
         self._bind_fast(self._layout)
