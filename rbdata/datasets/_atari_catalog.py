@@ -53,7 +53,7 @@ __all__ = [
 ATARI_DQN_PREFIX = "https://storage.googleapis.com/atari-replay-datasets/dqn/"
 FAMILY = "atari-dqn"
 #: the backend of every entry: the kind of storage ``_atari_convert.new_storage`` writes
-BACKEND = "memmap"
+BACKEND = "frames"
 #: What ``AtariDQN(game, run)`` and the id ``atari-dqn/<Game>/<run>`` read.
 DEFAULT_CHECKPOINTS = (50,)
 #: A checkpoint's files: role -> Dopamine's name before ``_ckpt.<N>.gz``.

@@ -34,7 +34,7 @@ from rbdata.datasets._atari_format import (
     read_checkpoint,
     valid_positions,
 )
-from rbdata.storages import MemmapStorage
+from rbdata.storages import FrameStackStorage
 from rbdata.storages.base import Storage
 
 __all__ = [
@@ -81,20 +81,13 @@ def check_codec(codec: Any) -> Any:
     raise ValueError(f"codec: expected None, 'lz4', 'zstd' or ('zstd', level), got {codec!r}")
 
 
-def new_storage(path: Path, capacity: int, stack: int, codec: Any) -> MemmapStorage:
+def new_storage(path: Path, capacity: int, stack: int, codec: Any) -> FrameStackStorage:
     """The new storage at ``path`` that the conversion fills: the one place its kind is chosen.
 
-    A :class:`~rbdata.storages.MemmapStorage` of whole stacks (``codec`` unused) for now. The
-    target is :class:`~rbdata.storages.FrameStackStorage` (each frame stored once, compressed
-    with ``codec``; :func:`write_transitions` already fills one, see the tests), as soon as it
-    keeps its frames on disk under ``path`` and reopens them (``FrameStackStorage.open``,
-    ``close``): today only its steps live under ``path``, its frames in memory. The switch is
-    ``return FrameStackStorage(capacity, stack, path=path, codec=codec)`` here,
-    ``_atari_catalog.BACKEND = "frames"``, and ``"frames"`` among the backends that
-    ``_cache`` accepts and ``datasets.base`` opens (``FrameStackStorage.open``).
+    A :class:`~rbdata.storages.FrameStackStorage` on disk: each 84 x 84 frame stored once,
+    compressed with ``codec`` (``"lz4"`` by default; ``None`` keeps frames raw).
     """
-    del stack, codec  # FrameStackStorage's arguments
-    return MemmapStorage(capacity, path=path)
+    return FrameStackStorage(capacity, stack, path=path, codec=codec)
 
 
 @dataclass(frozen=True)
