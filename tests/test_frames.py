@@ -58,16 +58,20 @@ def assert_no_leak(storage: FrameStackStorage) -> None:
     assert storage.frames_stored == held.size
 
 
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "path"])
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize(
     ("n_envs", "frame", "zero_pad"),
     [(1, (6, 5), False), (3, (8, 8), True), (2, (4, 4, 3), False)],
 )
-def test_vectorised_streams_ring_wrap_bit_exact(codec, n_envs, frame, zero_pad) -> None:
+def test_vectorised_streams_ring_wrap_bit_exact(
+    codec, n_envs, frame, zero_pad, on_disk, tmp_path
+) -> None:
     steps = 150
     data = rollout(steps, n_envs, frame=frame, seed=n_envs, zero_pad=zero_pad)
     capacity = 97  # not a multiple of n_envs: the ring wraps mid-write
-    storage = FrameStackStorage(capacity, 4, codec=codec)
+    path = tmp_path / "frames" if on_disk else None
+    storage = FrameStackStorage(capacity, 4, codec=codec, path=path)
     rb = ReplayBuffer(storage=storage)
     writes = [slice(t * n_envs, (t + 1) * n_envs) for t in range(steps)]
     for part in writes:
@@ -83,6 +87,11 @@ def test_vectorised_streams_ring_wrap_bit_exact(codec, n_envs, frame, zero_pad) 
     pins = 4 * n_envs  # the writer keeps the last next stack of each stream
     assert needed <= storage.frames_stored <= needed + pins
     assert_no_leak(storage)
+    if on_disk:  # and the same after the files are reopened
+        storage.close()
+        again = FrameStackStorage.open(path)
+        assert_same(again, reference_after(data, capacity, writes))
+        again.close()
 
 
 @pytest.mark.parametrize("codec", CODECS)
