@@ -62,7 +62,7 @@ class FrameStackStorage(FramePersistence):
         key: the stacked observation's key; ``("next", key)`` is its next observation.
         path: ``None`` (in memory), or a new directory for the files: the steps in
             ``steps/`` (a :class:`~rbdata.storages.MemmapStorage`), the frames in
-            ``frames/`` (see :meth:`open`); the data is then on the CPU.
+            ``frames/`` (reopened by ``FrameStackStorage.open``); the data is then on the CPU.
         codec: ``None`` (raw frames), ``"lz4"``, ``"zstd"`` or ``("zstd", level)``: each
             frame compressed on its own (``pip install 'rbdata[pixels]'``).
         device: where reads return the data (and raw frames live); ``None``: CPU.
@@ -70,7 +70,7 @@ class FrameStackStorage(FramePersistence):
     Raises:
         ValueError: a bad ``stack``, ``key`` or ``codec``, or a ``path`` with a GPU device.
         ImportError: the codec's library is missing.
-        FileExistsError: ``path`` holds files already (reopen them with :meth:`open`).
+        FileExistsError: ``path`` holds files already (reopen them with ``FrameStackStorage.open``).
 
     Examples:
         >>> import torch
