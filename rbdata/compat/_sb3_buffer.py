@@ -11,9 +11,9 @@ import torch
 from rbdata.buffer import ReplayBuffer as _Buffer
 from rbdata.compat import _sb3_spaces as spaces
 from rbdata.compat._sb3_arrays import SB3Array
+from rbdata.compat._sb3_frames import step_writer
 from rbdata.compat._sb3_register import counterpart_of, register_if_loaded
 from rbdata.compat._sb3_samples import ReplayBufferSamples, positive_int, quiet_generator
-from rbdata.compat._sb3_writes import StepWriter
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
 from rbdata.samplers.uniform import UniformSampler
@@ -44,14 +44,19 @@ class ReplayBuffer:
         device: where sampled tensors go (``"auto"``: CUDA when available).
         n_envs: parallel environments per ``add``.
         optimize_memory_usage: keep one observation array (the next observation is the next
-            slot's), as SB3; not together with ``handle_timeout_termination``.
+            slot's), as SB3; not together with ``handle_timeout_termination``. Accepted and
+            meaning nothing with ``storage="frames"``.
         handle_timeout_termination: a ``TimeLimit.truncated`` info marks a cut, not a
             terminal: sampled ``dones`` are ``done * (1 - truncated)``.
-        storage: ``"tensor"`` (RAM), ``"memmap"`` (files under ``path``) or an empty or
-            previously written :class:`~rbdata.storages.TensorStorage` /
-            :class:`~rbdata.storages.MemmapStorage` of capacity ``buffer_size // n_envs *
+        storage: ``"tensor"`` (RAM), ``"memmap"`` (files under ``path``), ``"frames"`` (image
+            stacks in a :class:`~rbdata.storages.FrameStackStorage`, each frame stored once:
+            see "Atari-sized buffers" in ``docs/compat.md``), or an empty or previously
+            written storage of one of these classes, of capacity ``buffer_size // n_envs *
             n_envs`` (a reopened storage resumes where it was).
-        path: directory of a ``"memmap"`` storage (``None``: a temporary one).
+        path: directory of a ``"memmap"`` storage (``None``: a temporary one), or of a
+            ``"frames"`` storage's steps (``None``: in memory).
+        codec: ``storage="frames"`` only: ``None`` (raw frames), ``"lz4"``, ``"zstd"`` or
+            ``("zstd", level)``, per frame (``pip install 'rbdata[pixels]'``).
         generator: random generator of ``sample`` (``None``: one seeded from the state of
             torch's global RNG without drawing from it, see ``quiet_generator``
             RNG).
@@ -78,6 +83,7 @@ class ReplayBuffer:
     #: ``_get_samples`` methods of rbdata's classes; a subclass with another one (SB3's
     #: ``NStepReplayBuffer`` built on this class) gets SB3's ``sample`` that calls it
     _own_get_samples: ClassVar[set[Any]] = set()
+    _frames_key: str | None = None  # DictReplayBuffer's frames_key
 
     def __init__(
         self,
@@ -92,14 +98,10 @@ class ReplayBuffer:
         storage: str | Storage = "tensor",
         path: str | os.PathLike[str] | None = None,
         generator: torch.Generator | None = None,
+        codec: str | tuple[str, int] | None = None,
     ) -> None:
         buffer_size = positive_int(buffer_size, "buffer_size")
         self.n_envs = positive_int(n_envs, "n_envs")
-        if optimize_memory_usage and handle_timeout_termination:
-            raise ValueError(
-                "ReplayBuffer does not support optimize_memory_usage = True "
-                "and handle_timeout_termination = True simultaneously."
-            )
         self.observation_space = observation_space
         self.action_space = action_space
         obs = self._obs_specs(observation_space)
@@ -113,14 +115,14 @@ class ReplayBuffer:
         self.handle_timeout_termination = bool(handle_timeout_termination)
         self.pos = 0
         self.full = False
-        self._writer = StepWriter(
-            self.buffer_size,
-            self.n_envs,
-            obs,
-            self.action_dim,
+        self._writer = step_writer(
+            storage,
+            (self.buffer_size, self.n_envs, obs, self.action_dim),
             spaces.action_dtype(action_space),
             next_in_slot=self.optimize_memory_usage,
             timeouts=self.handle_timeout_termination,
+            codec=codec,
+            frames_key=self._frames_key,
         )
         store = self._writer.open_storage(storage, path)
         self._writer.allocate(store)  # SB3's arrays exist (zeros) before the first add
@@ -225,7 +227,7 @@ class ReplayBuffer:
         """Flat indices ``slot * n_envs + env`` drawn as SB3 draws slots and envs."""
         n, cap = self.n_envs, self.buffer_size * self.n_envs
         gen = self._sampler.generator
-        if self.optimize_memory_usage and self.full:  # every slot but pos (its next is stale)
+        if self._writer.next_in_slot and self.full:  # every slot but pos (its next is stale)
             k = torch.randint(n, cap, (batch_size,), generator=gen)
             return k.add_(self.pos * n).remainder_(cap)
         high = cap if self.full else self.pos * n
@@ -250,7 +252,7 @@ class ReplayBuffer:
     def _draw_slots(self, batch_size: int) -> np.ndarray[Any, Any]:
         """Slots drawn as SB3's ``sample`` draws its ``batch_inds``."""
         slots, gen = self.buffer_size, self._sampler.generator
-        if self.optimize_memory_usage and self.full:
+        if self._writer.next_in_slot and self.full:
             k = torch.randint(1, slots, (batch_size,), generator=gen)
             return ((k + self.pos) % slots).numpy()
         high = slots if self.full else self.pos

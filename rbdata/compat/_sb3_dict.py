@@ -35,13 +35,20 @@ class DictReplayBuffer(ReplayBuffer):
         n_envs: as :class:`ReplayBuffer`.
         optimize_memory_usage: must be ``False`` (as in SB3).
         handle_timeout_termination: as :class:`ReplayBuffer`.
-        storage: as :class:`ReplayBuffer`.
+        storage: as :class:`ReplayBuffer`; with ``"frames"`` (or a
+            :class:`~rbdata.storages.FrameStackStorage`), the stacks of key ``frames_key``
+            go to the frame storage, under ``("observation", frames_key)``, and the other keys
+            are stored as usual.
         path: as :class:`ReplayBuffer`.
         generator: as :class:`ReplayBuffer`.
+        codec: as :class:`ReplayBuffer` (``storage="frames"`` only).
+        frames_key: the key whose image stacks are stored as frames (``storage="frames"``
+            only); ``None``: the space's only key of a 3-D or 4-D ``Box``.
 
     Raises:
         TypeError: if ``observation_space`` is not a ``Dict`` space.
-        ValueError: with ``optimize_memory_usage=True``.
+        ValueError: with ``optimize_memory_usage=True``; with ``frames_key`` (or ``codec``)
+            but no frame storage, or no such key (none, or several image keys, if ``None``).
 
     Examples:
         >>> import numpy as np
@@ -70,7 +77,10 @@ class DictReplayBuffer(ReplayBuffer):
         storage: str | Storage = "tensor",
         path: str | os.PathLike[str] | None = None,
         generator: torch.Generator | None = None,
+        codec: str | tuple[str, int] | None = None,
+        frames_key: str | None = None,
     ) -> None:
+        self._frames_key = frames_key
         if optimize_memory_usage:
             raise ValueError(
                 "optimize_memory_usage: DictReplayBuffer does not support "
@@ -87,6 +97,7 @@ class DictReplayBuffer(ReplayBuffer):
             storage=storage,
             path=path,
             generator=generator,
+            codec=codec,
         )
 
     def _obs_specs(self, observation_space: Any) -> Any:

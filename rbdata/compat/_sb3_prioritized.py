@@ -8,6 +8,7 @@ import numpy as np
 import torch
 
 from rbdata.compat._sb3_buffer import ReplayBuffer
+from rbdata.compat._sb3_frames import wants_frames
 from rbdata.compat._sb3_samples import (
     PrioritizedReplayBufferSamples,
     positive_int,
@@ -33,7 +34,8 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         beta: importance-sampling exponent; assign ``rb.beta`` to anneal it.
         eps: added to every priority before the exponent.
         *args: as :class:`ReplayBuffer`.
-        **kwargs: as :class:`ReplayBuffer` (``optimize_memory_usage`` must be ``False``).
+        **kwargs: as :class:`ReplayBuffer` (``optimize_memory_usage`` must be ``False``,
+            except with ``storage="frames"``).
 
     Examples:
         >>> import numpy as np
@@ -60,7 +62,7 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ) -> None:
         self._per = (alpha, beta, eps)
         optimize = kwargs.get("optimize_memory_usage", args[5] if len(args) > 5 else False)
-        if optimize:
+        if optimize and not wants_frames(kwargs.get("storage")):  # frames: next obs stored
             raise NotImplementedError(
                 "optimize_memory_usage=True: PrioritizedReplayBuffer cannot skip the slot "
                 "whose next observation is not written yet; use optimize_memory_usage=False"

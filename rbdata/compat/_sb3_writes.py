@@ -85,7 +85,7 @@ class StepWriter:
         # what pickling keeps: the staging tensors alias numpy arrays, which a pickle would
         # copy apart, so an unpickled writer is rebuilt from these (and attached again)
         self._args = (n_slots, n_envs, obs, action_dim, action_dtype)
-        self._flags = {"next_in_slot": next_in_slot, "timeouts": timeouts}
+        self._flags: dict[str, Any] = {"next_in_slot": next_in_slot, "timeouts": timeouts}
         self.n_slots, self.n_envs = n_slots, n_envs
         self.capacity = n_slots * n_envs
         self.next_in_slot, self.timeouts = next_in_slot, timeouts
@@ -96,23 +96,32 @@ class StepWriter:
             self.specs.update(obs)
         if next_in_slot and self.dict_obs:
             raise ValueError("optimize_memory_usage: not with Dict observations (as in SB3)")
+        if next_in_slot and timeouts:  # a cut's next observation would be the reset one
+            raise ValueError(
+                "ReplayBuffer does not support optimize_memory_usage = True "
+                "and handle_timeout_termination = True simultaneously."
+            )
         self.action_item = (n_envs, action_dim)
         stage: dict[Key, np.ndarray[Any, Any]] = {}
         for name, spec in self.specs.items():
-            stage[obs_key(OBS, name)] = np.zeros((n_envs, *spec.shape), spec.dtype)
+            stage[obs_key(OBS, name)] = np.zeros((n_envs, *self.stored_shape(name)), spec.dtype)
         stage[ACTION] = np.zeros(self.action_item, action_dtype)
         for name, spec in self.specs.items():
-            stage[obs_key(NEXT_OBS, name)] = np.zeros((n_envs, *spec.shape), spec.dtype)
+            shape = (n_envs, *self.stored_shape(name))
+            stage[obs_key(NEXT_OBS, name)] = np.zeros(shape, spec.dtype)
         stage[REWARD] = np.zeros(n_envs, np.float32)
         stage[DONE] = np.zeros(n_envs, np.float32)
         stage[TRUNCATED] = np.zeros(n_envs, np.float32)
-        self._obs = {name: stage[obs_key(OBS, name)] for name in self.specs}
+        # what add casts the observations into: SB3-shaped views of the staging arrays
+        self._obs = {name: self.sb3_view(name, stage[obs_key(OBS, name)]) for name in self.specs}
         if next_in_slot:  # the next observation goes to the next slot's observation
             blank = {k: np.zeros_like(v) for k, v in stage.items() if k != NEXT_OBS}
             blank[OBS] = stage.pop(NEXT_OBS)
             self._next_obs: dict[str | None, np.ndarray[Any, Any]] = {None: blank[OBS]}
         else:
-            self._next_obs = {name: stage[obs_key(NEXT_OBS, name)] for name in self.specs}
+            self._next_obs = {
+                name: self.sb3_view(name, stage[obs_key(NEXT_OBS, name)]) for name in self.specs
+            }
         self._action = stage[ACTION]
         self._reward, self._done, self._truncated = stage[REWARD], stage[DONE], stage[TRUNCATED]
         tensors = {k: torch.from_numpy(v) for k, v in stage.items()}
@@ -128,6 +137,23 @@ class StepWriter:
         rows = [blank[leaf.key] for leaf in leaves] if next_in_slot else []
         self._blank_rows = rows if n_envs > 1 else [r[0, ...] for r in rows]
         self._fast = False
+
+    def stored_shape(self, name: str | None) -> tuple[int, ...]:
+        """The per-env shape observation ``name`` is stored in (SB3's own, here).
+
+        A hook (:class:`~rbdata.compat._sb3_frames.FrameStepWriter` stores channel-last
+        stacks channels first); called while ``__init__`` builds the staging arrays.
+        """
+        return self.specs[name].shape
+
+    def sb3_view(self, name: str | None, staged: np.ndarray[Any, Any]) -> np.ndarray[Any, Any]:
+        """Observation ``name``'s staging array ``[n_envs, *stored_shape]`` seen in SB3's shape.
+
+        ``add`` casts into this view (the array itself, here); a hook like
+        :meth:`stored_shape`.
+        """
+        del name
+        return staged
 
     def __getstate__(self) -> dict[str, Any]:
         return {"args": self._args, "flags": self._flags}
@@ -161,9 +187,17 @@ class StepWriter:
             )
         if path is not None:
             raise ValueError("path: give the path to MemmapStorage itself, not here")
-        if storage.capacity != cap:
+        return self.checked(storage)
+
+    def checked(self, storage: Storage) -> Storage:
+        """A storage given to the buffer, once its capacity, layout and length fit the schema.
+
+        Raises:
+            ValueError: naming what does not fit.
+        """
+        if storage.capacity != self.capacity:
             raise ValueError(
-                f"storage: expected capacity {cap} (buffer_size // n_envs * n_envs), "
+                f"storage: expected capacity {self.capacity} (buffer_size // n_envs * n_envs), "
                 f"got {storage.capacity}"
             )
         if storage.layout is not None and storage.layout != self.layout:

@@ -9,7 +9,10 @@
 (``[buffer_size, n_envs, ...]``), which are views of the storage's memory: reads see what
 ``add`` wrote and writes land in the storage, without a copy. On top:
 :meth:`ReplayBuffer.dumps` / :meth:`ReplayBuffer.loads` checkpoints, ``storage="memmap"``
-(files bigger than RAM), and :class:`PrioritizedReplayBuffer`.
+(files bigger than RAM), ``storage="frames"`` (image stacks in a
+:class:`~rbdata.storages.FrameStackStorage`: each frame stored once, optionally compressed; a
+1M-step Atari buffer is built at once and takes memory as it is written), and
+:class:`PrioritizedReplayBuffer`.
 
 stable-baselines3 is not imported; spaces are read by duck typing (``.shape``, ``.dtype``,
 ``.n``, ``.nvec``, ``.spaces`` and the class names). When SB3 is imported, its ``isinstance``

@@ -23,7 +23,20 @@ import numba
 import numpy as np
 import torch
 
-__all__ = ["FrameMemory", "pack", "zeros"]
+__all__ = ["FrameMemory", "pack", "take_rows", "zeros"]
+
+
+def take_rows(frames: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``frames[index]`` as a new tensor; on the CPU by numpy, on one thread.
+
+    ``torch.index_select`` of a batch of frames (~1 MB) takes torch's parallel path, which
+    waits for a descheduled intra-op thread whenever another process keeps the cores busy
+    (an env, a learner): 16 us quiet, ~2.6 ms median beside two busy processes on 2 cores.
+    Numpy's copy stays at ~30 us.
+    """
+    if frames.device.type != "cpu" or index.device.type != "cpu" or frames.dtype == torch.bfloat16:
+        return torch.index_select(frames, 0, index)
+    return torch.from_numpy(frames.numpy()[index.numpy()])
 
 
 def zeros(nbytes: int) -> np.ndarray:

@@ -28,7 +28,7 @@ from rbdata.storages.frames._codecs import FrameCodec
 from rbdata.storages.frames._counts import acquire as _acquire
 from rbdata.storages.frames._counts import release as _release
 from rbdata.storages.frames._counts import settle as _settle
-from rbdata.storages.frames._memory import FrameMemory, pack, zeros
+from rbdata.storages.frames._memory import FrameMemory, pack, take_rows, zeros
 
 __all__ = ["FramePool"]
 
@@ -246,14 +246,14 @@ class FramePool:
             assert self._frames is not None
             if flat.device != self._frames.device:
                 flat = flat.to(self._frames.device, non_blocking=flat.is_cpu)
-            out = torch.index_select(self._frames, 0, flat)
+            out = take_rows(self._frames, flat)
             return out.view(*refs.shape, *self.frame_shape)
         unique, inverse = torch.unique(flat.cpu(), return_inverse=True)
         slots = unique.numpy()
         decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
         self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
         frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
-        out = torch.index_select(frames, 0, inverse)
+        out = take_rows(frames, inverse)
         if self.device.type != "cpu":
             out = out.to(self.device)
         return out.view(*refs.shape, *self.frame_shape)
@@ -277,8 +277,8 @@ class FramePool:
             inverse = inverse.to(self.device)
         inverse = inverse.view(refs.shape[0], 2, -1)
         shape = (refs.shape[0], refs.shape[2], *self.frame_shape)
-        obs = torch.index_select(frames, 0, inverse[:, 0].reshape(-1)).view(shape)
-        nxt = torch.index_select(frames, 0, inverse[:, 1].reshape(-1)).view(shape)
+        obs = take_rows(frames, inverse[:, 0].reshape(-1)).view(shape)
+        nxt = take_rows(frames, inverse[:, 1].reshape(-1)).view(shape)
         return obs, nxt
 
     # --- persistence: saved and loaded frames, the files of a storage directory --------------
