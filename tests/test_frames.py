@@ -298,3 +298,25 @@ def test_empty_extend_is_a_no_op() -> None:
     storage.set(torch.zeros(0, dtype=torch.int64), data[:0])
     assert len(storage) == 5 and storage.frames_stored == before
     assert torch.equal(storage[torch.arange(5)]["observation"], data["observation"][:5])
+
+
+@pytest.mark.parametrize("spec", ["lz4", ("zstd", 1)])
+def test_batch_decode_split_over_two_threads_is_exact(spec) -> None:
+    from rbdata.storages.frames._codecs import FrameCodec
+
+    codec = FrameCodec(spec)
+    codec.threads = 2  # whatever this machine's CPUs: the split path itself
+    rng = np.random.default_rng(0)
+    frames = (rng.integers(0, 3, (1500, 64)) * 80).astype(np.uint8)
+    blobs = [codec.compress(f) for f in frames]
+    src = np.frombuffer(b"".join(blobs), np.uint8)
+    lengths = np.array([len(b) for b in blobs])
+    offsets = np.cumsum(lengths) - lengths
+    pick = rng.integers(0, 1500, 1200)
+    out = np.empty((1200, 64), np.uint8)
+    codec.decode_into(src, offsets[pick], lengths[pick], out)
+    assert (out == frames[pick]).all()
+    bad = lengths.copy()
+    bad[pick[900]] += 1  # damaged in the second thread's half
+    with pytest.raises(ValueError, match="damaged"):
+        codec.decode_into(src, offsets[pick], bad[pick], out)

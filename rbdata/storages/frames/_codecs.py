@@ -40,7 +40,7 @@ CODECS = ("lz4", "zstd")
 _ZSTD_DEFAULT_LEVEL = 3
 # frames per thread below which one thread decodes the whole batch (handing half of it over
 # costs ~20 us: an lz4 decode takes ~0.5 us a frame, a zstd one ~2.5 us)
-_SPLIT_MIN = {"lz4": 1024, "zstd": 48}
+_SPLIT_MIN = {"lz4": 512, "zstd": 48}
 
 
 def _c_function(path: str | None, name: str, restype: Any, argtypes: list[Any]) -> Any:
