@@ -261,36 +261,19 @@ class FramePool:
     def read_pair(self, refs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Both stacks of the steps whose refs are ``refs`` (``[n, 2, stack]``).
 
-        Two contiguous ``[n, stack, *frame]`` tensors. lz4 decodes a frame about as fast as
-        a copy of it: every place is decoded straight into the output (one pass over the
-        memory); zstd decodes each distinct frame once, then copies them into place.
+        Two contiguous ``[n, stack, *frame]`` tensors (see :meth:`FrameCodec.decode_places`).
         """
         if self.codec is None:
             refs = refs.long()
             return self.read(refs[:, 0]), self.read(refs[:, 1])
-        if self.codec.name == "lz4":
-            places = refs.transpose(0, 1).reshape(-1).cpu().numpy()  # the obs, then the next
-            out = np.empty((places.shape[0], self.frame_bytes), np.uint8)
-            self.codec.decode_into(self._log, self._offsets[places], self._lengths[places], out)
-            both = torch.from_numpy(out).view(self.dtype)
-            both = both.view(2, refs.shape[0], refs.shape[2], *self.frame_shape)
-            if self.device.type != "cpu":
-                both = both.to(self.device)
-            return both[0], both[1]
-        flat = refs.reshape(-1).long().cpu()
-        unique, inverse = torch.unique(flat, return_inverse=True)
-        slots = unique.numpy()
-        decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
-        self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
-        frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
+        places = refs.transpose(0, 1).reshape(-1).cpu().numpy()  # the obs, then the next
+        log, offsets, lengths, size = self._log, self._offsets, self._lengths, self.frame_bytes
+        rows = self.codec.decode_places(log, offsets, lengths, places, size)
+        both = torch.from_numpy(rows).view(self.dtype)
+        both = both.view(2, refs.shape[0], refs.shape[2], *self.frame_shape)
         if self.device.type != "cpu":
-            frames = frames.to(self.device)
-            inverse = inverse.to(self.device)
-        inverse = inverse.view(refs.shape[0], 2, -1)
-        shape = (refs.shape[0], refs.shape[2], *self.frame_shape)
-        obs = take_rows(frames, inverse[:, 0].reshape(-1)).view(shape)
-        nxt = take_rows(frames, inverse[:, 1].reshape(-1)).view(shape)
-        return obs, nxt
+            both = both.to(self.device)
+        return both[0], both[1]
 
     # --- persistence: saved and loaded frames, the files of a storage directory --------------
     @property

@@ -234,7 +234,7 @@ class FrameStackStorage(FramePersistence):
                 ``set`` past ``len``); nothing is written.
         """
         self._check_writable()
-        if target.top > len(self) and target.n and self._leaves_gap(target):
+        if target.skips(len(self)):
             raise IndexError(
                 f"index: FrameStackStorage holds written steps only; the next free slot is "
                 f"{len(self)}, a write there (or below) comes first"
@@ -264,30 +264,30 @@ class FrameStackStorage(FramePersistence):
             self._set_length(target.top)
         self._set_next(target.next_slot(self.capacity, self.next_slot))
 
-    def _leaves_gap(self, target: WriteTarget) -> bool:
-        """Whether writing ``target`` would leave a never-written slot below its top."""
-        slots = np.unique(target.slots_numpy())
-        above = slots[slots >= len(self)]
-        return bool(above.size) and int(above[-1]) - len(self) + 1 != above.size
+    # --- the per-step path of ring writers and the SB3 adapter (see Storage.add_fast) -----
+    writes_rows = True  # write_row/write_rows write once a layout is fixed on CPU steps
 
-    # --- the per-step path of ring writers (see Storage.add_fast) ---------------------------
+    def _rows_ok(self) -> bool:
+        """Whether rows may be written now (a layout, CPU steps, this process the writer)."""
+        unpacker, steps = self._unpacker, self._steps
+        return (
+            unpacker is not None and not self._closed and not steps.shared and self._writes_here()
+        )
+
     def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
         """One transition whose leaves match the layout exactly, without ``prepare``."""
-        unpack = self._unpack
-        if unpack is None or self._closed or self._steps.shared or not self._writes_here():
-            return False
-        values = unpack(item)
+        values = self._unpack(item) if self._rows_ok() else None
         if values is None:
             return False
         if check is not None:
             check(slot, item)
-        self._put_one(slot, values)
-        return True
+        return self.write_row(slot, values)
 
-    def _put_one(self, slot: int, values: list[Any]) -> None:
-        """Write one checked step (leaves in layout order) at ring ``slot``."""
+    def write_row(self, slot: int, values: list[Any]) -> bool:
+        """Write one checked step (numpy leaves in layout order) at ``slot``; ``False``: not now."""
         writer = self._writer
-        assert writer is not None
+        if writer is None or not self._rows_ok():
+            return False
         obs_at, next_at, others = self._places
         obs, nxt = writer.words(values[obs_at], 1), writer.words(values[next_at], 1)
         old = writer.old_ref(slot, self._length)
@@ -304,34 +304,31 @@ class FrameStackStorage(FramePersistence):
             self._length = top
         self._next = top % self.capacity
         self._items_written += 1
+        return True
 
     def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
         """A small batch (one env step of ``n_envs`` streams) at the ring slots from ``start``."""
-        unpacker = self._unpacker
-        if unpacker is None or self._closed or self._steps.shared or not self._writes_here():
-            return None
-        got = unpacker.unpack_batch(data)
+        got = self._unpacker.unpack_batch(data) if self._rows_ok() else None  # type: ignore[union-attr]
         if got is None or got[1] > self.capacity:
             return None
         values, n = got
-        slots = np.arange(start, start + n) % self.capacity
-        index = torch.from_numpy(slots)
+        index = torch.from_numpy(np.arange(start, start + n) % self.capacity)
         if check is not None:
             check(index, data)
-        self._put(slots, [np.asarray(v) for v in values], n)
-        return index
+        return index if self.write_rows(start, n, [np.asarray(v) for v in values]) else None
 
-    def _put(self, slots: np.ndarray, values: list[Any], n: int) -> None:
-        """Write ``n`` checked steps (numpy leaves, layout order) at ring ``slots``."""
+    def write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """Write ``n`` checked steps (numpy leaves) at ring slots from ``start``; or ``False``."""
         writer = self._writer
-        assert writer is not None
+        if writer is None or not self._rows_ok():
+            return False
+        slots = np.arange(start, start + n) % self.capacity
         obs_at, next_at, others = self._places
         obs, nxt = writer.words(values[obs_at], n), writer.words(values[next_at], n)
         old = writer.old_refs(slots, self._length)  # read before the steps are overwritten
         refs = writer.admit(obs, nxt)
         rows = [values[i] for i in others]
         rows.append(refs.astype(np.int32))
-        start = int(slots[0])
         if not self._steps.write_rows(start, n, rows):  # e.g. the steps' views were dropped
             payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
             target = WriteTarget.ring(start, n, self.capacity)
@@ -342,6 +339,7 @@ class FrameStackStorage(FramePersistence):
             self._length = min(top, self.capacity)
         self._next = top % self.capacity
         self._items_written += n
+        return True
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:  # pragma: no cover
         raise AssertionError("FrameStackStorage writes through commit")
