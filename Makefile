@@ -56,6 +56,8 @@ bench: venv
 	$(PY) tests/benchmarks/bench_online.py
 	$(PY) tests/benchmarks/bench_compat.py
 	$(PY) tests/benchmarks/bench_mixed.py
+	$(PY) tests/benchmarks/bench_codecs.py
+	$(PY) tests/benchmarks/bench_pixels.py
 
 # On a machine with a GPU: the tests marked cuda (skipped elsewhere), then the GPU benchmark
 # (tests/benchmarks/README.md). Without CUDA both run and report that nothing needed a GPU.

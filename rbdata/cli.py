@@ -150,26 +150,31 @@ def _run_inspect(args: argparse.Namespace) -> int:
 # --- rbdata datasets ... ----------------------------------------------------------------------
 _ID_HELP = (
     "d4rl/<name> (or a bare D4RL name, e.g. hopper-medium-v2), minari/<dataset_id> "
-    "(e.g. minari/mujoco/hopper/medium-v0) or ogbench/<name> (e.g. "
-    "ogbench/antmaze-large-navigate-v0; its validation split: ogbench/<name>-val)"
+    "(e.g. minari/mujoco/hopper/medium-v0), ogbench/<name> (e.g. "
+    "ogbench/antmaze-large-navigate-v0; its validation split: ogbench/<name>-val) or "
+    "atari-dqn/<Game>/<run>[/<checkpoints>] (the DQN Replay Dataset, e.g. atari-dqn/Pong/1 "
+    "for checkpoint 50, atari-dqn/Pong/1/40-50)"
 )
 _BACKEND_HELP = "storage backend (default: memmap, else the one backend the ID is converted to)"
 
 
 def _backend_option(parser: Any, help: str, default: str | None = None) -> None:
     # one action per parser: a shared parent's action would share its default too
-    parser.add_argument("--backend", choices=("memmap", "arrow"), default=default, help=help)
+    # rbdata.datasets._cache.BACKENDS (not imported here: the CLI starts without torch)
+    backends = ("memmap", "arrow", "frames")
+    parser.add_argument("--backend", choices=backends, default=default, help=help)
 
 
 def _add_datasets_parser(commands: Any) -> None:
     datasets = commands.add_parser(
         "datasets",
-        help="list, download, inspect and remove offline datasets (D4RL, Minari, OGBench)",
+        help="list, download, inspect and remove offline datasets (D4RL, Minari, OGBench, "
+        "DQN Replay)",
         description=(
             "Manage the offline dataset cache (--root, else $RBDATA_HOME, else the user cache "
-            "directory). An ID is d4rl/<name>, minari/<dataset_id> or ogbench/<name>; the "
-            "prefixes are lower "
-            "case, so minari/D4RL/door/human-v2 is Minari's D4RL namespace."
+            "directory). An ID is d4rl/<name>, minari/<dataset_id>, ogbench/<name> or "
+            "atari-dqn/<Game>/<run>; the prefixes are lower case, so minari/D4RL/door/human-v2 "
+            "is Minari's D4RL namespace."
         ),
     )
     actions = datasets.add_subparsers(dest="action", metavar="ACTION", required=True)
@@ -183,14 +188,17 @@ def _add_datasets_parser(commands: Any) -> None:
     listing = actions.add_parser(
         "list",
         parents=[root],
-        help="list D4RL, Minari and OGBench datasets and what is in the cache",
+        help="list D4RL, Minari, OGBench and DQN Replay datasets and what is in the cache",
         description=(
-            "List every D4RL and OGBench id of the catalogs and the Minari datasets that are "
-            "local ($MINARI_DATASETS_PATH) or converted, with their size, whether the data file is "
-            "here and the backends converted in the cache."
+            "List every D4RL, OGBench and DQN Replay id of the catalogs and the Minari "
+            "datasets that are local ($MINARI_DATASETS_PATH) or converted, with their size, "
+            "whether the data file is here and the backends (DQN Replay: the checkpoints) "
+            "converted in the cache."
         ),
     )
-    listing.add_argument("--family", choices=("d4rl", "minari", "ogbench"), help="one family only")
+    listing.add_argument(
+        "--family", choices=("d4rl", "minari", "ogbench", "atari-dqn"), help="one family only"
+    )
     listing.add_argument(
         "--downloaded", action="store_true", help="only datasets with something in the cache"
     )
@@ -209,7 +217,7 @@ def _add_datasets_parser(commands: Any) -> None:
             "network; it is never modified or deleted."
         ),
     )
-    _backend_option(download, "storage backend (default: memmap)", default="memmap")
+    _backend_option(download, "storage backend (default: memmap; frames for atari-dqn ids)")
     source = download.add_mutually_exclusive_group()
     source.add_argument(
         "--url", help="D4RL only: download this URL (or file:// path) instead of the catalog's"
@@ -217,7 +225,8 @@ def _add_datasets_parser(commands: Any) -> None:
     source.add_argument(
         "--file",
         metavar="PATH",
-        help="D4RL and OGBench: convert this local copy of the file (HDF5, .npz)",
+        help="D4RL and OGBench: convert this local copy of the file (HDF5, .npz); atari-dqn: "
+        "a folder of Dopamine's files (<name>_ckpt.<N>.gz, or in its replay_logs/)",
     )
     download.add_argument(
         "--sha256",
@@ -288,8 +297,9 @@ def _run_datasets(args: argparse.Namespace) -> int:
             return commands.path_command(root, ref, backend=args.backend)
         ref = commands.parse_id(args.id)
         if args.action == "download":
+            backend = args.backend or commands.family_backend(ref.family)
             return commands.download_command(
-                root, ref, backend=args.backend, url=args.url, sha256=args.sha256, file=args.file
+                root, ref, backend=backend, url=args.url, sha256=args.sha256, file=args.file
             )
         if args.action == "info":
             return commands.info_command(root, ref, backend=args.backend)

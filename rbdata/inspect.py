@@ -162,6 +162,7 @@ def _dataset(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
 _TITLES = {
     "memmap": "MemmapStorage directory",
     "arrow": "ArrowStorage directory",
+    "frames": "FrameStackStorage directory",
     "checkpoint": "ReplayBuffer checkpoint",
     "dataset": "offline dataset cache entry",
 }

@@ -58,16 +58,20 @@ def assert_no_leak(storage: FrameStackStorage) -> None:
     assert storage.frames_stored == held.size
 
 
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "path"])
 @pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize(
     ("n_envs", "frame", "zero_pad"),
     [(1, (6, 5), False), (3, (8, 8), True), (2, (4, 4, 3), False)],
 )
-def test_vectorised_streams_ring_wrap_bit_exact(codec, n_envs, frame, zero_pad) -> None:
+def test_vectorised_streams_ring_wrap_bit_exact(
+    codec, n_envs, frame, zero_pad, on_disk, tmp_path
+) -> None:
     steps = 150
     data = rollout(steps, n_envs, frame=frame, seed=n_envs, zero_pad=zero_pad)
     capacity = 97  # not a multiple of n_envs: the ring wraps mid-write
-    storage = FrameStackStorage(capacity, 4, codec=codec)
+    path = tmp_path / "frames" if on_disk else None
+    storage = FrameStackStorage(capacity, 4, codec=codec, path=path)
     rb = ReplayBuffer(storage=storage)
     writes = [slice(t * n_envs, (t + 1) * n_envs) for t in range(steps)]
     for part in writes:
@@ -83,6 +87,11 @@ def test_vectorised_streams_ring_wrap_bit_exact(codec, n_envs, frame, zero_pad) 
     pins = 4 * n_envs  # the writer keeps the last next stack of each stream
     assert needed <= storage.frames_stored <= needed + pins
     assert_no_leak(storage)
+    if on_disk:  # and the same after the files are reopened
+        storage.close()
+        again = FrameStackStorage.open(path)
+        assert_same(again, reference_after(data, capacity, writes))
+        again.close()
 
 
 @pytest.mark.parametrize("codec", CODECS)
@@ -196,3 +205,118 @@ def test_damaged_blob_raises_not_crashes() -> None:
     pool._offsets[: pool.high] = 1 << 40  # outside the log
     with pytest.raises(ValueError, match="damaged"):
         storage[torch.arange(20)]
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_unrelated_stacks_grow_the_pool_never_lose_a_frame(codec) -> None:
+    """Steps that share no frame need 2 * stack frames each: the pool grows, reads stay exact."""
+    capacity = 200
+    storage = FrameStackStorage(capacity, 4, codec=codec)
+    ref = TensorStorage(capacity)
+    rng = np.random.default_rng(1)
+    for _ in range(3):
+        for start in range(0, capacity, 50):
+            stacks = torch.from_numpy(rng.integers(0, 256, (2, 50, 4, 6, 5), dtype=np.uint8))
+            rows = TensorDict({"observation": stacks[0], ("next", "observation"): stacks[1]}, [50])
+            storage.set(slice(start, start + 50), rows)
+            ref.set(slice(start, start + 50), rows)
+    assert storage.frames_stored > capacity + capacity // 64 + 2 * 4 * 66  # grown
+    assert_same(storage, ref)
+    assert_no_leak(storage)
+
+
+def test_real_atari_frames_bit_exact() -> None:
+    """Pong through gymnasium's AtariPreprocessing and FrameStackObservation, two envs."""
+    gym = pytest.importorskip("gymnasium")
+    ale_py = pytest.importorskip("ale_py")
+    pytest.importorskip("cv2")
+    from gymnasium.wrappers import AtariPreprocessing, FrameStackObservation
+
+    gym.register_envs(ale_py)
+    envs = []
+    for seed in (0, 1):
+        env = gym.make("ALE/Pong-v5", frameskip=1, max_episode_steps=120)
+        env = FrameStackObservation(AtariPreprocessing(env, frame_skip=4, noop_max=5), 4)
+        envs.append((env, env.reset(seed=seed)[0]))
+    rng = np.random.default_rng(0)
+    storage = FrameStackStorage(250, 4, codec="lz4")
+    raw = FrameStackStorage(250, 4)
+    ref = TensorStorage(250)
+    for _ in range(300):  # one write of both envs per env step, across episode ends
+        batch = []
+        for k, (env, obs) in enumerate(envs):
+            nxt, reward, term, trunc, _ = env.step(int(rng.integers(6)))
+            batch.append(
+                {
+                    "observation": obs,
+                    "action": np.int64(0),
+                    "next": {
+                        "observation": nxt,
+                        "done": bool(term or trunc),
+                        "reward": np.float32(reward),
+                    },
+                }
+            )
+            envs[k] = (env, env.reset()[0] if term or trunc else nxt)
+        td = TensorDict(
+            {
+                "observation": torch.from_numpy(np.stack([b["observation"] for b in batch])),
+                ("next", "observation"): torch.from_numpy(
+                    np.stack([b["next"]["observation"] for b in batch])
+                ),
+                ("next", "done"): torch.tensor([b["next"]["done"] for b in batch]),
+            },
+            [2],
+        )
+        for s in (storage, raw, ref):
+            ReplayBuffer(storage=s).extend(td)
+    assert_same(storage, ref)
+    assert_same(raw, ref)
+    # one new frame per env step, plus a stack's worth at each of the episode starts
+    assert storage.frames_stored < 250 + 2 * 4 * 6
+
+
+@pytest.mark.parametrize("chunk", [1, 2, 5, 64, 65])
+def test_trajectory_in_chunks_stores_each_frame_once(chunk) -> None:
+    """One env's trajectory written ``chunk`` steps at a time: one new frame per step."""
+    data = rollout(200, 1, seed=7, mean_episode=10**9, repeat_p=0.0)
+    storage = FrameStackStorage(256, 4, codec="lz4")
+    rb = ReplayBuffer(storage=storage)
+    for start in range(0, 200, chunk):
+        rb.extend(data[start : start + chunk])
+    assert storage.frames_stored == live_frames(data, list(range(200))) == 1 + 200
+    assert_same(storage, reference_after(data, 256, [slice(0, 200)]))
+
+
+def test_empty_extend_is_a_no_op() -> None:
+    data = rollout(10, 1, seed=8)
+    storage = FrameStackStorage(20, 4)
+    rb = ReplayBuffer(storage=storage)
+    rb.extend(data[:5])
+    before = storage.frames_stored
+    rb.extend(data[:0])
+    storage.set(torch.zeros(0, dtype=torch.int64), data[:0])
+    assert len(storage) == 5 and storage.frames_stored == before
+    assert torch.equal(storage[torch.arange(5)]["observation"], data["observation"][:5])
+
+
+@pytest.mark.parametrize("spec", ["lz4", ("zstd", 1)])
+def test_batch_decode_split_over_two_threads_is_exact(spec) -> None:
+    from rbdata.storages.frames._codecs import FrameCodec
+
+    codec = FrameCodec(spec)
+    codec.threads = 2  # whatever this machine's CPUs: the split path itself
+    rng = np.random.default_rng(0)
+    frames = (rng.integers(0, 3, (1500, 64)) * 80).astype(np.uint8)
+    blobs = [codec.compress(f) for f in frames]
+    src = np.frombuffer(b"".join(blobs), np.uint8)
+    lengths = np.array([len(b) for b in blobs])
+    offsets = np.cumsum(lengths) - lengths
+    pick = rng.integers(0, 1500, 1200)
+    out = np.empty((1200, 64), np.uint8)
+    codec.decode_into(src, offsets[pick], lengths[pick], out)
+    assert (out == frames[pick]).all()
+    bad = lengths.copy()
+    bad[pick[900]] += 1  # damaged in the second thread's half
+    with pytest.raises(ValueError, match="damaged"):
+        codec.decode_into(src, offsets[pick], bad[pick], out)

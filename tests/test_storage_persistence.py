@@ -19,6 +19,7 @@ from rbdata.checkpoint import _codec
 from rbdata.errors import CheckpointError
 from rbdata.storages import (
     ArrowStorage,
+    FrameStackStorage,
     ListStorage,
     MemmapStorage,
     Storage,
@@ -56,8 +57,10 @@ def _close(*storages: Any) -> None:
 
 
 def test_the_kinds_registry_names_the_on_disk_formats() -> None:
-    assert storage_kinds() == {"memmap": MemmapStorage, "arrow": ArrowStorage}
+    kinds = {"memmap": MemmapStorage, "arrow": ArrowStorage, "frames": FrameStackStorage}
+    assert storage_kinds() == kinds
     assert storage_kind("arrow") is ArrowStorage
+    assert storage_kind(names={"frames.json", "steps", "frames"}) is FrameStackStorage
     assert storage_kind("list") is None
     assert storage_kind(names={"layout.json", "header.bin"}) is MemmapStorage
     assert storage_kind(names={"_rbdata.json"}) is ArrowStorage

@@ -48,7 +48,13 @@ from rbdata.samplers import (
     UniformSampler,
 )
 from rbdata.samplers.base import Sampler
-from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
+from rbdata.storages import (
+    ArrowStorage,
+    FrameStackStorage,
+    ListStorage,
+    MemmapStorage,
+    TensorStorage,
+)
 from rbdata.storages.base import Storage
 from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 from rbdata.writers.base import Writer
@@ -123,6 +129,7 @@ for _cls in (
     MemmapStorage,
     ArrowStorage,
     ListStorage,
+    FrameStackStorage,
     UniformSampler,
     SamplerWithoutReplacement,
     PrioritizedSampler,

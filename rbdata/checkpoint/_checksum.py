@@ -51,6 +51,8 @@ __all__ = [
 #: files up to this size are checked at every load, not only with ``verify=True``: the
 #: headers and metadata of a storage (``header.bin``, ``layout.json``, ``_rbdata.json``...)
 SMALL_FILE = 1 << 16
+#: the most components of a file name in the checksum table (``storage/steps/leaf-000.bin``)
+_DEPTH = 4
 
 
 def _tail_crc(path: Path, covered: int) -> int:
@@ -98,8 +100,8 @@ def verify(live: Path, meta: dict[str, Any], meta_file: Path, max_size: int | No
         )
     files = get_dict(table, "files", meta_file, "checksums")
     for name, rec in files.items():
-        parts = name.split("/")
-        if len(parts) > 2 or (len(parts) == 2 and parts[0] != "storage"):
+        parts = name.split("/")  # storage/ may hold directories (a frame storage's steps/)
+        if len(parts) > _DEPTH or (len(parts) > 1 and parts[0] != "storage"):
             raise CheckpointError(f"{meta_file}: field 'checksums.files': bad name {name!r:.80}")
         where = f"checksums.files.{name}"
         size = get_int(rec, "size", meta_file, where)

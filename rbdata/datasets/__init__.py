@@ -1,4 +1,4 @@
-"""Offline RL datasets (D4RL, Minari, OGBench) as downloadable, checksummed, memory-mapped buffers.
+"""Offline RL datasets (D4RL, Minari, OGBench, DQN Replay) as downloadable, cached buffers.
 
 Each dataset is converted once into a memory-mapped storage under a cache root (``root=``,
 else ``$RBDATA_HOME``, else the user cache directory) and is then both a map-style
@@ -9,7 +9,8 @@ Besides the datasets, this package exports what the command line (``rbdata datas
 cache (:func:`cache_root`, :func:`read_entry`, :data:`DATASET_FILE`, :data:`STORAGE_DIR`)
 and one function per ``rbdata datasets`` action (:func:`list_command`...), which prints its
 report and returns the exit status. The command functions import no torch; the datasets
-(:class:`D4RL`, :class:`Minari`, :class:`OfflineDataset`) are imported on first use.
+(:class:`D4RL`, :class:`Minari`, :class:`OGBench`, :class:`AtariDQN`,
+:class:`OfflineDataset`) are imported on first use.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from rbdata.datasets import _cache
-from rbdata.datasets._cache import cache_root, read_entry
+from rbdata.datasets._cache import cache_root, family_backend, read_entry
 from rbdata.datasets._catalog import D4RLEntry, d4rl_entry
 from rbdata.datasets._commands import (
     DatasetRef,
@@ -35,6 +36,7 @@ from rbdata.datasets._remove import remove_command
 from rbdata.datasets._samples import sample_command, write_sample
 
 if TYPE_CHECKING:  # the datasets import torch: on first use (see __getattr__)
+    from rbdata.datasets.atari import AtariDQN
     from rbdata.datasets.base import OfflineDataset
     from rbdata.datasets.d4rl import D4RL
     from rbdata.datasets.minari import Minari
@@ -44,6 +46,7 @@ __all__ = [
     "D4RL",
     "DATASET_FILE",
     "STORAGE_DIR",
+    "AtariDQN",
     "ChecksumError",
     "D4RLEntry",
     "DatasetRef",
@@ -55,6 +58,7 @@ __all__ = [
     "d4rl_entry",
     "download_command",
     "error_line",
+    "family_backend",
     "human_size",
     "info_command",
     "list_command",
@@ -72,7 +76,13 @@ DATASET_FILE = _cache.DATASET_FILE
 STORAGE_DIR = _cache.STORAGE_DIR
 
 #: the dataset classes (they import torch) → their modules, imported on first use
-_LAZY = {"D4RL": "d4rl", "Minari": "minari", "OGBench": "ogbench", "OfflineDataset": "base"}
+_LAZY = {
+    "AtariDQN": "atari",
+    "D4RL": "d4rl",
+    "Minari": "minari",
+    "OGBench": "ogbench",
+    "OfflineDataset": "base",
+}
 
 
 def __getattr__(name: str) -> Any:

@@ -51,7 +51,16 @@ DATASET_FILE = "dataset.json"
 STORAGE_DIR = "storage"
 ENTRY_FORMAT = "rbdata.dataset"
 ENTRY_VERSION = 1
-BACKENDS = ("memmap", "arrow")
+#: Storage kinds of converted entries: ``memmap`` and ``arrow`` for D4RL, Minari and OGBench,
+#: ``frames`` (a :class:`~rbdata.storages.FrameStackStorage`) for the DQN Replay Dataset.
+BACKENDS = ("memmap", "arrow", "frames")
+
+
+def family_backend(family: str) -> str:
+    """The backend a family converts to by default: ``frames`` for pixels, else ``memmap``."""
+    return "frames" if family == "atari-dqn" else "memmap"
+
+
 _SEGMENT = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.+=-]*$")
 
 

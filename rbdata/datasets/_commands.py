@@ -1,13 +1,13 @@
 """The logic behind ``rbdata datasets ...``: dataset ids, the cache's contents, the subcommands.
 
-An ID is ``d4rl/<name>``, ``minari/<dataset_id>`` or ``ogbench/<name>`` (lower-case prefixes,
-case-sensitive, so Minari's own ``D4RL/...`` namespace stays unambiguous:
-``minari/D4RL/door/human-v2``; ``ogbench/<name>-val`` is the validation split of ``<name>``); a
-bare name without ``/`` is a D4RL id. Each ``*_command`` function prints its report to stdout,
-notes to stderr, and returns the exit code; errors are raised (``rbdata.cli`` prints them as
-one line with :func:`error_line`). ``info``, ``remove`` and ``sample`` live in
-:mod:`~rbdata.datasets._info`, :mod:`~rbdata.datasets._remove` and
-:mod:`~rbdata.datasets._samples`.
+An ID is ``d4rl/<name>``, ``minari/<dataset_id>``, ``ogbench/<name>`` or
+``atari-dqn/<Game>/<run>[/<checkpoints>]`` (lower-case prefixes, case-sensitive, so Minari's own
+``D4RL/...`` namespace stays unambiguous: ``minari/D4RL/door/human-v2``; ``ogbench/<name>-val``
+is the validation split of ``<name>``; ``atari-dqn/Pong/1`` is ``atari-dqn/Pong/1/50``); a bare
+name without ``/`` is a D4RL id. Each ``*_command`` prints its report to stdout, notes to
+stderr, and returns the exit code; errors are raised (``rbdata.cli`` prints them as one line
+with :func:`error_line`). ``info``, ``remove``, ``sample`` and the ``atari-dqn`` rows live in
+``_info``, ``_remove``, ``_samples`` and ``_atari_commands``.
 """
 
 from __future__ import annotations
@@ -19,6 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from rbdata.datasets._atari_catalog import AtariSource, atari_id
+from rbdata.datasets._atari_commands import atari_rows, open_atari
 from rbdata.datasets._cache import BACKENDS, DATASET_FILE, d4rl_download_path, entry_dir
 from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog, d4rl_entry
 from rbdata.datasets._minari_extra import minari_module, remote_access
@@ -49,13 +51,13 @@ __all__ = [
     "tree_size",
 ]
 
-FAMILIES = ("d4rl", "minari", "ogbench")
+FAMILIES = ("d4rl", "minari", "ogbench", "atari-dqn")
 DOWNLOADS = "downloads"
 
 
 @dataclass(frozen=True)
 class DatasetRef:
-    """A parsed dataset ID: its family (``"d4rl"``, ``"minari"``, ``"ogbench"``) and its name."""
+    """A parsed dataset ID: its family (``"d4rl"``, ``"minari"``, ...) and its name."""
 
     family: str
     name: str
@@ -77,6 +79,8 @@ def parse_id(text: str) -> DatasetRef:
         'minari/D4RL/door/human-v2'
         >>> parse_id("ogbench/scene-play-v0-val")
         DatasetRef(family='ogbench', name='scene-play-v0-val')
+        >>> parse_id("atari-dqn/Pong/1")  # the entry's name: its checkpoints too
+        DatasetRef(family='atari-dqn', name='Pong/1/50')
         >>> parse_id("D4RL/door/human-v2")
         Traceback (most recent call last):
         ...
@@ -88,12 +92,14 @@ def parse_id(text: str) -> DatasetRef:
         if text.startswith(family + "/"):
             name = text[len(family) + 1 :]
             check_name(name, "ID")
+            if family == "atari-dqn":
+                name = atari_id(name).id
             return DatasetRef(family, name)
     if "/" in text:
         raise ValueError(
             f"{text!r} is not a dataset ID: write 'minari/{text}' for a Minari dataset "
-            "(IDs are d4rl/<name>, minari/<dataset_id> or ogbench/<name>, the prefixes in "
-            "lower case)"
+            "(IDs are d4rl/<name>, minari/<dataset_id>, ogbench/<name> or "
+            "atari-dqn/<Game>/<run>, the prefixes in lower case)"
         )
     check_name(text, "ID")
     return DatasetRef("d4rl", text)
@@ -174,17 +180,19 @@ def pick_backend(root: Path, ref: DatasetRef, backend: str | None) -> str:
     return have[0] if have and "memmap" not in have else "memmap"
 
 
-def catalog_entry(ref: DatasetRef, root: Path) -> D4RLEntry | OGBenchFile | None:
-    """The catalog entry of ``ref`` (D4RL, or the OGBench file of an ``ogbench/`` ID).
+def catalog_entry(ref: DatasetRef, root: Path) -> D4RLEntry | OGBenchFile | AtariSource | None:
+    """The catalog entry of ``ref`` (D4RL, the OGBench file, or the DQN Replay files).
 
     ``None`` for Minari, or for a no longer listed but cached id.
 
     Raises:
         KeyError: an unknown D4RL or OGBench id with nothing in the cache (with "did you mean").
     """
-    if ref.family not in ("d4rl", "ogbench"):
+    if ref.family not in ("d4rl", "ogbench", "atari-dqn"):
         return None
     try:
+        if ref.family == "atari-dqn":
+            return atari_id(ref.name)
         return d4rl_entry(ref.name) if ref.family == "d4rl" else ogbench_file(ref.name)
     except KeyError:
         if converted_backends(root, ref):
@@ -206,7 +214,7 @@ def print_table(rows: Sequence[tuple[str, ...]], header: tuple[str, ...]) -> Non
 
 # --- list ------------------------------------------------------------------------------------
 def list_command(root: Path, *, family: str | None, downloaded: bool, remote: bool) -> int:
-    """``rbdata datasets list``: the D4RL and OGBench catalogs, Minari datasets, the cache."""
+    """``rbdata datasets list``: the D4RL, OGBench, DQN Replay catalogs, Minari, the cache."""
     code = 0
     if family in (None, "d4rl"):
         _list_d4rl(root, downloaded)
@@ -218,6 +226,14 @@ def list_command(root: Path, *, family: str | None, downloaded: bool, remote: bo
         if family is None:
             print()
         _list_ogbench(root, downloaded)
+    if family in (None, "atari-dqn"):
+        if family is None:
+            print()
+        rows = atari_rows(root, cached_entries(root, "atari-dqn"), downloaded)
+        what = "in the cache" if downloaded else "in the catalog (games x runs)"
+        print(f"DQN Replay (atari-dqn): {_count(rows)} {what} (cache: {root / 'atari-dqn'})")
+        if rows:
+            print_table(rows, ("ID", "SIZE", "FILES", "CONVERTED (checkpoints)"))
     return code
 
 
@@ -338,6 +354,8 @@ def download_command(
             sha256=sha256,
             progress=True,
         )
+    elif ref.family == "atari-dqn":
+        dataset = open_atari(root, ref.name, backend=backend, url=url, sha256=sha256, file=file)
     else:
         if url is not None or sha256 is not None or file is not None:
             raise ValueError(

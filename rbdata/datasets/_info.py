@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from rbdata.datasets._atari_catalog import AtariSource
 from rbdata.datasets._cache import DATASET_FILE, read_entry
 from rbdata.datasets._catalog import D4RLEntry
 from rbdata.datasets._commands import (
@@ -26,7 +27,9 @@ __all__ = ["advice", "info_command"]
 _WIDTH = 72  # longest metadata value shown by `info`
 
 
-def advice(ref: DatasetRef, entry: D4RLEntry | OGBenchFile | None, backend: str) -> str:
+def advice(
+    ref: DatasetRef, entry: D4RLEntry | OGBenchFile | AtariSource | None, backend: str
+) -> str:
     """The commands that get ``ref`` converted, as one sentence (they work from a wheel).
 
     Examples:
@@ -44,6 +47,8 @@ def advice(ref: DatasetRef, entry: D4RLEntry | OGBenchFile | None, backend: str)
             f"it is an rbdata sample, built locally: run `rbdata datasets sample {ref} --out "
             f"{out}`, then `rbdata datasets download {ref} --file {out}{option}`"
         )
+    if ref.family == "atari-dqn":
+        return f"run `rbdata datasets download {ref}` (with the files in a folder: `--file DIR`)"
     if ref.family in ("d4rl", "ogbench"):
         return (
             f"run `rbdata datasets download {ref}{option}` (with a local copy of the file, "
@@ -90,7 +95,7 @@ def info_command(root: Path, ref: DatasetRef, *, backend: str | None) -> int:
     print(f"path:         {path}")
     print(f"transitions:  {info.get('transitions', 0):,}")
     print(f"episodes:     {info.get('episodes', 0):,}")
-    for key in ("split", "layout"):  # OGBench: the file's split, compact or regular
+    for key in ("split", "layout", "checkpoints", "codec"):  # OGBench's, DQN Replay's
         if key in info:
             print(f"{key + ':':<13} {info[key]}")
     print(f"size on disk: {human_size(tree_size(path))}")
@@ -99,6 +104,10 @@ def info_command(root: Path, ref: DatasetRef, *, backend: str | None) -> int:
     if "sha256" in source:
         print(f"sha256:       {source.pop('sha256')} ({_verified(entry, info, source)})")
     source.pop("sha256_verified", None)
+    for name, file in (source.pop("files", None) or {}).items():  # DQN Replay: one per file
+        checked = "verified" if file.get("sha256_verified") else "computed"
+        size = human_size(file.get("size"))
+        print(f"{'source.file:':<13} {name} {size} {file.get('sha256')} ({checked})")
     for key, value in source.items():  # paths in full: they are for copying
         text = value if isinstance(value, str) else _summary(value)
         print(f"{'source.' + key + ':':<13} {text}")
@@ -118,7 +127,9 @@ def info_command(root: Path, ref: DatasetRef, *, backend: str | None) -> int:
 
 
 def _verified(
-    entry: D4RLEntry | OGBenchFile | None, info: dict[str, Any], source: dict[str, Any]
+    entry: D4RLEntry | OGBenchFile | AtariSource | None,
+    info: dict[str, Any],
+    source: dict[str, Any],
 ) -> str:
     if not source.get("sha256_verified"):
         return "not verified: no digest was expected"

@@ -9,6 +9,9 @@ the archive and then streams its data with :mod:`zipfile`, which decompresses in
 memory holds the rows asked for, whatever the member's size, for stored (``np.savez``) and
 deflated members alike. Reading a member to its end checks the zip's CRC-32 of it.
 
+:func:`read_npy_header` and :class:`RowStream` read any file object, so a gzipped ``.npy``
+(Dopamine's checkpoints, :mod:`rbdata.datasets._atari_format`) streams the same way.
+
 Only plain numeric and boolean arrays in C order (or 1-D) are read: an object array would need
 pickle, which is never used, and is refused like every other malformed member, with a
 ``ValueError`` naming the file and the member.
@@ -16,6 +19,7 @@ pickle, which is never used, and is refused like every other malformed member, w
 
 from __future__ import annotations
 
+import gzip
 import os
 import struct
 import zipfile
@@ -28,14 +32,21 @@ from typing import IO, Any
 import numpy as np
 from numpy.lib import format as npy_format
 
-__all__ = ["NpzArchive", "NpzMember", "RowStream"]
+__all__ = ["NpzArchive", "NpzMember", "RowStream", "read_npy_header"]
 
 #: members are read in pieces of at most this many bytes (the zip reader's own buffer is small)
 _READ_BYTES = 1 << 22
 #: the kinds of dtypes read: bool, signed and unsigned integers, floats
 _KINDS = "biuf"
-#: what the zip and zlib readers raise on a corrupt or truncated archive
-_CORRUPT = (zipfile.BadZipFile, zlib.error, EOFError, struct.error, NotImplementedError)
+#: what the zip, gzip and zlib readers raise on a corrupt or truncated archive or stream
+_CORRUPT = (
+    zipfile.BadZipFile,
+    gzip.BadGzipFile,
+    zlib.error,
+    EOFError,
+    struct.error,
+    NotImplementedError,
+)
 
 
 @dataclass(frozen=True)
@@ -63,7 +74,7 @@ class NpzMember:
         return self.shape[0] if self.shape else 1
 
 
-def _header(fp: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
+def read_npy_header(fp: IO[bytes], where: str) -> tuple[tuple[int, ...], np.dtype[Any]]:
     """Read the ``.npy`` magic and header from ``fp``; refuse what is not a plain array."""
     try:
         version = npy_format.read_magic(fp)
@@ -230,7 +241,7 @@ class NpzArchive:
                 raise ValueError(f"{where}: the archive holds it twice")
             try:
                 with self._zip.open(info) as fp:
-                    shape, dtype = _header(fp, where)
+                    shape, dtype = read_npy_header(fp, where)
             except _CORRUPT as err:
                 raise ValueError(f"{where}: corrupt member ({err})") from err
             members[name] = NpzMember(name, shape, dtype)
@@ -242,7 +253,7 @@ class NpzArchive:
         where = f"{self.path}: member {name!r}"
         try:
             fp = self._zip.open(name + ".npy")
-            _header(fp, where)
+            read_npy_header(fp, where)
         except _CORRUPT as err:
             raise ValueError(f"{where}: corrupt member ({err})") from err
         return RowStream(fp, member, where)

@@ -14,6 +14,7 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
+from rbdata.datasets._atari_catalog import AtariSource, atari_download_path
 from rbdata.datasets._cache import (
     BACKENDS,
     d4rl_download_path,
@@ -21,7 +22,7 @@ from rbdata.datasets._cache import (
     prune_empty_dirs,
     read_entry,
 )
-from rbdata.datasets._catalog import d4rl_catalog
+from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog
 from rbdata.datasets._commands import (
     DOWNLOADS,
     DatasetRef,
@@ -84,7 +85,7 @@ def remove_command(
     all_backends: bool,
     keep_download: bool,
 ) -> int:
-    """``rbdata datasets remove``: remove converted entries and (D4RL, OGBench) the download.
+    """``rbdata datasets remove``: remove converted entries and (but Minari) the downloads.
 
     Each entry is removed under its lock; the D4RL file under the download's lock; then the
     folders left empty. Nothing outside ``root`` is touched and symbolic links are refused.
@@ -100,17 +101,23 @@ def remove_command(
     for b in backends:
         path = entry_path(root, ref, b)
         try:
-            recorded = read_entry(path).get("source", {}).get("file")
-            if ref.family in ("d4rl", "ogbench") and isinstance(recorded, str):
-                files.add(root / recorded)
+            source = read_entry(path).get("source", {})
+            recorded = [source.get("file")]  # DQN Replay: one per file
+            recorded += [f.get("file") for f in (source.get("files") or {}).values()]
+            if ref.family != "minari":
+                files.update(root / r for r in recorded if isinstance(r, str))
         except (FileNotFoundError, ValueError):
             pass
         stale = list(path.parent.glob(f".{path.name}.tmp-*")) if path.parent.is_dir() else []
         removed += _remove_locked(root, path, [path, *stale])
         folders.add(path.parent)
     catalog_file = None
-    if ref.family in ("d4rl", "ogbench") and not keep_download:
-        if isinstance(entry, OGBenchFile):
+    if ref.family != "minari" and not keep_download:
+        if isinstance(entry, AtariSource):
+            for checkpoint in entry.checkpoints:
+                names = entry.files(checkpoint).values()
+                files.update(atari_download_path(root, entry, name) for name in names)
+        elif isinstance(entry, OGBenchFile):
             catalog_file = ogbench_download_path(root, entry)
             files.add(catalog_file)
         elif entry is not None:
@@ -131,7 +138,7 @@ def remove_command(
         print(f"removed {what}{path} ({human_size(size)})")
     for folder in empty:
         print(f"removed empty folder {folder}")
-    if ref.family == "d4rl" and entry is not None and any(p == catalog_file for p, _ in removed):
+    if isinstance(entry, D4RLEntry) and any(p == catalog_file for p, _ in removed):
         shared = [f"d4rl/{i}" for i, e in d4rl_catalog().items() if e.file == entry.file]
         if len(shared) > 1:
             others = ", ".join(i for i in shared if i != str(ref))

@@ -28,6 +28,7 @@ from rbdata.samplers.base import Sampler
 from rbdata.storages import wrap_for_collate
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage
+from rbdata.storages.frames import FrameStackStorage
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.writers.immutable import ImmutableWriter
 
@@ -49,6 +50,8 @@ def _open_storage(entry: Path, backend: str) -> Storage:
         return MemmapStorage.open(path, read_only=True)
     if backend == "arrow":
         return ArrowStorage.open(path, recover=False)
+    if backend == "frames":
+        return FrameStackStorage.open(path, read_only=True)
     raise ValueError(f"{entry}: unknown backend {backend!r}")
 
 

@@ -38,3 +38,4 @@ __all__ = [
 # the on-disk kinds, in the order ``rbdata inspect`` recognises their directories
 register_kind(MemmapStorage)
 register_kind(ArrowStorage)
+register_kind(FrameStackStorage)

@@ -183,5 +183,6 @@ class PersistenceHooks:
     def _not_persisted(cls) -> TypeError:
         return TypeError(
             f"cannot checkpoint a {cls.__name__}: checkpoints know TensorStorage, "
-            "MemmapStorage, ArrowStorage and ListStorage (and their subclasses)"
+            "MemmapStorage, ArrowStorage, ListStorage and FrameStackStorage (and their "
+            "subclasses)"
         )

@@ -197,6 +197,19 @@ class WriteTarget(NamedTuple):
             return current
         return end % capacity
 
+    def skips(self, length: int) -> bool:
+        """Whether the write leaves a never-written slot between ``length`` and its top.
+
+        Examples:
+            >>> WriteTarget.of_runs([slice(3, 5)]).skips(2), WriteTarget.ring(2, 3, 8).skips(2)
+            (True, False)
+        """
+        if self.top <= length or not self.n:
+            return False
+        slots = np.unique(self.slots_numpy())
+        above = slots[slots >= length]
+        return int(above[-1]) - length + 1 != above.size
+
     def touches(self, length: int) -> bool:
         """Whether a slot below ``length`` (a live item) is written."""
         if self.runs is not None:

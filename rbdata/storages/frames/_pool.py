@@ -9,75 +9,30 @@ lengths, resets or writes that came since. Samplers need no rule of their own (e
 ``[0, len)`` is readable), which is why the storage has no "invalid" steps to tell them about.
 
 Frames are kept either raw, in one tensor ``[slots, *frame]`` (on the storage's device), or
-compressed, one blob per frame in one byte log (``codec``): a blob is appended, and when the
-log is full it is compacted (the live blobs moved down, in log order) if at least 1/16 of it
-is dead, else it grows. Both grow by reallocation when more slots are needed than the
-storage's default (``capacity + capacity // 64`` plus the writer's pins); memory is committed
-as it is written (zeroed pages are the kernel's, untouched until a frame lands).
+compressed, one blob per frame in one byte log with a slot table (``codec``): a blob is
+appended, and when the log is full it is compacted (the live blobs moved down, in log order)
+if enough of it is dead, else it grows. Both grow when more slots are needed than the
+storage's default (``capacity + capacity // 64`` plus the writer's pins). The arrays are the
+pool's *memory*'s (``_memory.py``): process memory, or the files of a directory (``_files.py``).
+The counts' kernels are ``_counts.py``'s.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 import torch
 
 from rbdata.storages.frames._codecs import FrameCodec
+from rbdata.storages.frames._counts import acquire as _acquire
+from rbdata.storages.frames._counts import release as _release
+from rbdata.storages.frames._counts import settle as _settle
+from rbdata.storages.frames._memory import FrameMemory, pack, take_rows, zeros
 
 __all__ = ["FramePool"]
 
 _MIN_LOG = 1 << 20
-
-
-@numba.njit(nogil=True, cache=True)
-def _acquire(count: Any, refs: Any) -> None:
-    for r in refs:
-        count[r] += 1
-
-
-@numba.njit(nogil=True, cache=True)
-def _release(count: Any, refs: Any, free: Any, nfree: int) -> int:
-    """Drop one reference per entry of ``refs``; push the slots that reach 0; new ``nfree``."""
-    for r in refs:
-        c = count[r] - 1
-        count[r] = c
-        if c == 0:
-            free[nfree] = r
-            nfree += 1
-    return nfree
-
-
-@numba.njit(nogil=True, cache=True)
-def _compact(log: Any, offsets: Any, lengths: Any, order: Any) -> int:
-    """Move the blobs of slots ``order`` (by ascending offset) down to the log's start."""
-    head = 0
-    for s in order:
-        start, n = offsets[s], lengths[s]
-        if start != head:
-            log[head : head + n] = log[start : start + n]  # memmove: head < start
-            offsets[s] = head
-        head += n
-    return head
-
-
-def _take(frames: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
-    """``frames[index]`` as a new tensor; on the CPU by numpy, on one thread.
-
-    ``torch.index_select`` of a batch of frames (~1 MB) takes torch's parallel path, which
-    waits for a descheduled intra-op thread whenever another process keeps the cores busy
-    (an env, a learner): 16 us quiet, ~2.6 ms median beside two busy processes on 2 cores.
-    Numpy's copy stays at ~30 us.
-    """
-    if frames.device.type != "cpu" or index.device.type != "cpu" or frames.dtype == torch.bfloat16:
-        return torch.index_select(frames, 0, index)
-    return torch.from_numpy(frames.numpy()[index.numpy()])
-
-
-def _zeros(nbytes: int) -> np.ndarray:
-    """Zeroed bytes committed as they are written (``calloc``: the kernel's zero pages)."""
-    return np.zeros(max(nbytes, 1), np.uint8)
 
 
 class FramePool:
@@ -89,6 +44,8 @@ class FramePool:
         slots: slots to start with (more are added when needed).
         codec: ``None`` (raw) or the :class:`FrameCodec` of the blobs.
         device: where raw frames live and reads return them.
+        memory: where the arrays live (``_memory.py``; default: process memory), e.g. the
+            ``FrameFiles`` of a directory (with more slots already: the pool takes them).
     """
 
     def __init__(
@@ -98,28 +55,36 @@ class FramePool:
         slots: int,
         codec: FrameCodec | None,
         device: torch.device,
+        memory: FrameMemory | None = None,
     ) -> None:
         self.frame_shape = tuple(frame_shape)
         self.dtype = dtype
         self.codec = codec
         self.device = device
         self.frame_bytes = int(np.prod(self.frame_shape, dtype=np.int64)) * dtype.itemsize
+        self._memory = FrameMemory(self.frame_shape, dtype, device) if memory is None else memory
+        self._frames: torch.Tensor | None = None
+        self._rows: np.ndarray | None = None  # numpy [slots, frame_bytes] of CPU frames
+        self._log = zeros(0)
+        self._head = 0
+        self._live_bytes = 0
+        self._set_table(np.zeros((0, 2), np.int64))
+        if codec is None:
+            frames = self._memory.frames(None, slots, 0)
+            self._set_frames(frames)
+            slots = int(frames.shape[0])
+        else:
+            self._set_table(self._memory.table(None, slots))
+            slots = int(self._table.shape[0])
+            self._log = self._memory.log(None, max(_MIN_LOG, slots * self.frame_bytes // 32), 0)
         self._count = np.zeros(slots, np.int32)
         self._free = np.empty(slots, np.int64)
         self._nfree = 0
         self._high = 0  # slots [0, high) were used once; above, untouched
-        self._frames: torch.Tensor | None = None
-        self._log = _zeros(0)
-        self._head = 0
-        self._live_bytes = 0
-        self._offsets = np.zeros(0, np.int64)
-        self._lengths = np.zeros(0, np.int64)
-        if codec is None:
-            self._frames = self._new_frames(slots)
-        else:
-            self._offsets = np.zeros(slots, np.int64)
-            self._lengths = np.zeros(slots, np.int64)
-            self._log = _zeros(max(_MIN_LOG, slots * self.frame_bytes // 32))
+
+    def _set_table(self, table: np.ndarray) -> None:
+        """The slot table ``[slots, 2]``; ``_offsets`` and ``_lengths`` are its columns."""
+        self._table, self._offsets, self._lengths = table, table[:, 0], table[:, 1]
 
     # --- slots and references ------------------------------------------------------------
     @property
@@ -146,6 +111,10 @@ class FramePool:
 
     def take(self, n: int) -> np.ndarray:
         """``n`` free slots (each with no reference yet): reused ones first, then new ones."""
+        nfree = self._nfree
+        if n == 1 and nfree:  # the per-step case
+            self._nfree = nfree - 1
+            return self._free[nfree - 1 : nfree].copy()
         out = np.empty(n, np.int64)
         k = min(n, self._nfree)
         if k:
@@ -162,6 +131,18 @@ class FramePool:
     def acquire(self, refs: np.ndarray) -> None:
         """Add one reference per entry of ``refs`` (in-range slots, any repeats)."""
         _acquire(self._count, refs.reshape(-1))
+
+    def settle(self, refs: np.ndarray, fresh: np.ndarray, old: np.ndarray) -> None:
+        """Take a write's references, then drop those of the steps it overwrote (``old``).
+
+        Placeholders ``-1 - k`` in ``refs`` become ``fresh[k]`` (in place).
+        """
+        freed = self._nfree
+        flat = refs.reshape(-1)
+        self._nfree = _settle(self._count, flat, fresh, old.reshape(-1), self._free, freed)
+        if self.codec is not None and self._nfree > freed:
+            dead = self._free[freed : self._nfree]
+            self._live_bytes -= int(self._lengths[dead].sum())
 
     def release(self, refs: np.ndarray) -> None:
         """Drop one reference per entry; slots left with none are free (data kept until reused)."""
@@ -180,30 +161,38 @@ class FramePool:
         self._live_bytes = 0
 
     def rebuild(self, refs: np.ndarray) -> None:
-        """Counts from scratch: one reference per entry of ``refs`` (the stored steps' refs).
+        """Counts from scratch: a reference per entry of ``refs`` (the stored steps' refs).
 
-        Used when a storage is loaded: slots below the highest referenced one that nobody
-        refers to are free.
+        When a storage is loaded or reopened: what no step refers to is free (the frames of a
+        write killed before its steps' commit, the pins). ``ValueError`` (nothing changed):
+        a ref outside the pool, or a referenced blob outside the log.
         """
-        self._count[:] = 0
         flat = refs.reshape(-1)
-        if flat.size:
-            _acquire(self._count, flat)
-        self._high = int(flat.max()) + 1 if flat.size else 0
-        unused = np.flatnonzero(self._count[: self._high] == 0)
-        self._nfree = int(unused.size)
-        self._free[: self._nfree] = unused[::-1]
-        if self.codec is not None:
-            live = np.flatnonzero(self._count[: self._high])
-            self._live_bytes = int(self._lengths[live].sum())
-
-    def check_refs(self, refs: np.ndarray) -> None:
-        """Raise ``ValueError`` unless every ref is a slot of this pool (loaded data)."""
-        if refs.size and (int(refs.min()) < 0 or int(refs.max()) >= self.slots):
+        if flat.size and (int(flat.min()) < 0 or int(flat.max()) >= self.slots):
             raise ValueError(
-                f"frame refs out of range: [{int(refs.min())}, {int(refs.max())}] for a pool of "
+                f"frame refs out of range: [{int(flat.min())}, {int(flat.max())}] for a pool of "
                 f"{self.slots} frames"
             )
+        high = int(flat.max()) + 1 if flat.size else 0
+        count = np.zeros(self.slots, np.int32)
+        if flat.size:
+            _acquire(count, flat)
+        used = np.flatnonzero(count[:high])
+        head = live_bytes = 0
+        if self.codec is not None and used.size:
+            offsets, lengths = self._offsets[used], self._lengths[used]
+            head, live_bytes = int((offsets + lengths).max()), int(lengths.sum())
+            if int(offsets.min()) < 0 or int(lengths.min()) <= 0 or head > self._log.shape[0]:
+                raise ValueError(
+                    f"frame table: a stored step's frame lies outside the {self._log.shape[0]}"
+                    "-byte log; corrupt"
+                )
+        self._count = count
+        self._high = high
+        unused = np.flatnonzero(count[:high] == 0)
+        self._nfree = int(unused.size)
+        self._free[: self._nfree] = unused[::-1]
+        self._head, self._live_bytes = head, live_bytes
 
     # --- data ----------------------------------------------------------------------------
     def store(self, slots: np.ndarray, frames: np.ndarray) -> None:
@@ -211,24 +200,39 @@ class FramePool:
         if not slots.size:
             return
         if self.codec is None:
+            rows = self._rows
+            if rows is not None:  # CPU: numpy rows of the frames
+                if slots.shape[0] == 1:
+                    rows[slots[0]] = frames[0]
+                else:
+                    rows[slots] = frames
+                return
             assert self._frames is not None
-            rows = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
-            if self._frames.is_cpu:
-                flat = self._frames.view(torch.uint8).view(self.slots, -1).numpy()
-                flat[slots] = frames
-            else:
-                index = torch.from_numpy(slots).to(self.device)
-                self._frames.index_copy_(0, index, rows.to(self.device))
+            data = torch.from_numpy(frames).view(self.dtype).view(-1, *self.frame_shape)
+            index = torch.from_numpy(slots).to(self.device)
+            self._frames.index_copy_(0, index, data.to(self.device))
             return
         codec = self.codec
+        if slots.shape[0] == 1:  # the per-step case: one frame, no arrays built
+            blob = codec.compress(frames[0])
+            size = len(blob)
+            if self._head + size > self._log.shape[0]:
+                self._make_room(size)
+            head = self._head
+            self._log[head : head + size] = np.frombuffer(blob, np.uint8)
+            slot = slots[0]
+            self._offsets[slot] = head
+            self._lengths[slot] = size
+            self._head = head + size
+            self._live_bytes += size
+            return
         blobs = [codec.compress(f) for f in frames]
         sizes = np.fromiter((len(b) for b in blobs), np.int64, len(blobs))
         total = int(sizes.sum())
         if self._head + total > self._log.shape[0]:
             self._make_room(total)
         head = self._head
-        data = np.frombuffer(b"".join(blobs), np.uint8)
-        self._log[head : head + total] = data
+        self._log[head : head + total] = np.frombuffer(b"".join(blobs), np.uint8)
         starts = head + np.cumsum(sizes) - sizes
         self._offsets[slots] = starts
         self._lengths[slots] = sizes
@@ -242,14 +246,14 @@ class FramePool:
             assert self._frames is not None
             if flat.device != self._frames.device:
                 flat = flat.to(self._frames.device, non_blocking=flat.is_cpu)
-            out = _take(self._frames, flat)
+            out = take_rows(self._frames, flat)
             return out.view(*refs.shape, *self.frame_shape)
         unique, inverse = torch.unique(flat.cpu(), return_inverse=True)
         slots = unique.numpy()
         decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
         self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
         frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
-        out = _take(frames, inverse)
+        out = take_rows(frames, inverse)
         if self.device.type != "cpu":
             out = out.to(self.device)
         return out.view(*refs.shape, *self.frame_shape)
@@ -257,85 +261,134 @@ class FramePool:
     def read_pair(self, refs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Both stacks of the steps whose refs are ``refs`` (``[n, 2, stack]``).
 
-        Two contiguous ``[n, stack, *frame]`` tensors; each distinct frame is decoded once.
+        Two contiguous ``[n, stack, *frame]`` tensors (see :meth:`FrameCodec.decode_places`).
         """
         if self.codec is None:
             refs = refs.long()
             return self.read(refs[:, 0]), self.read(refs[:, 1])
-        flat = refs.reshape(-1).long().cpu()
-        unique, inverse = torch.unique(flat, return_inverse=True)
-        slots = unique.numpy()
-        decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
-        self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
-        frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
+        places = refs.transpose(0, 1).reshape(-1).cpu().numpy()  # the obs, then the next
+        log, offsets, lengths, size = self._log, self._offsets, self._lengths, self.frame_bytes
+        rows = self.codec.decode_places(log, offsets, lengths, places, size)
+        both = torch.from_numpy(rows).view(self.dtype)
+        both = both.view(2, refs.shape[0], refs.shape[2], *self.frame_shape)
         if self.device.type != "cpu":
-            frames = frames.to(self.device)
-            inverse = inverse.to(self.device)
-        inverse = inverse.view(refs.shape[0], 2, -1)
-        shape = (refs.shape[0], refs.shape[2], *self.frame_shape)
-        obs = _take(frames, inverse[:, 0].reshape(-1)).view(shape)
-        nxt = _take(frames, inverse[:, 1].reshape(-1)).view(shape)
-        return obs, nxt
+            both = both.to(self.device)
+        return both[0], both[1]
 
-    # --- pickling: the used part only, as plain bytes ---------------------------------------
+    # --- persistence: saved and loaded frames, the files of a storage directory --------------
+    @property
+    def blob_bytes(self) -> int:
+        """Bytes of the blobs that some step (or the writer) refers to (0 without a codec)."""
+        return self._live_bytes
+
+    def export(self) -> tuple[np.ndarray, np.ndarray]:
+        """The frames of slots ``[0, high)`` to save (:meth:`load` takes them back).
+
+        Raw: rows ``[high, frame_bytes]`` ``uint8``, an empty table. Compressed: the live blobs
+        packed, and the table ``[high, 2]`` of their places (``0, 0`` for a free slot).
+        """
+        high = self._high
+        if self._frames is not None:
+            rows = self._frames[:high].detach().cpu().contiguous().view(torch.uint8)
+            return rows.view(high, self.frame_bytes).numpy(), np.zeros((0, 2), np.int64)
+        live = np.flatnonzero(self._count[:high] > 0)
+        order = live[np.argsort(self._offsets[live], kind="stable")]
+        table = np.zeros((high, 2), np.int64)
+        table[live] = self._table[live]
+        packed = np.empty(int(table[:, 1].sum()), np.uint8)
+        pack(self._log, packed, table, order, False)
+        return packed, table
+
+    def load(self, data: np.ndarray, table: np.ndarray) -> None:
+        """Replace every frame by saved ones (:meth:`export`'s form); then call :meth:`rebuild`."""
+        self.reset()
+        high = data.shape[0] if self._frames is not None else table.shape[0]
+        if high > self.slots:
+            self._grow(high)
+        if self._frames is not None:
+            rows = torch.from_numpy(data).view(self.dtype).view(high, *self.frame_shape)
+            self._frames[:high] = rows.to(self._frames.device)
+            return
+        self._make_room(data.shape[0])  # the pool is empty: it grows the log if needed
+        self._log[: data.shape[0]] = data
+        self._table[:high] = table
+        self._head = int(data.shape[0])
+
+    def flush(self) -> None:
+        """Write the frames to their files, durably (nothing to do in memory)."""
+        self._memory.flush()
+
+    def close(self) -> None:
+        """Release the arrays (and the files that hold them)."""
+        self._frames = self._rows = None
+        self._log = zeros(0)
+        self._memory.close()
+
+    # --- pickling: the used part only, as plain bytes, into process memory -----------------
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         high = self._high
         state["_slots"] = self.slots
+        state["_memory"] = self._memory.for_copy()
+        state["_rows"] = None
         if self._frames is not None:
             state["_frames"] = self._frames[:high].detach().cpu().numpy().copy()
         state["_log"] = self._log[: self._head].copy()
+        state["_table"] = self._table[:high].copy()
+        del state["_offsets"], state["_lengths"]  # columns of the table
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         slots = state.pop("_slots")
-        frames, log = state["_frames"], state["_log"]
+        frames, log, table = state.pop("_frames"), state.pop("_log"), state.pop("_table")
         self.__dict__.update(state)
+        self._frames = None
         if frames is not None:
-            self._frames = self._new_frames(slots)
+            self._set_frames(self._memory.frames(None, slots, 0))
+            assert self._frames is not None
             self._frames[: frames.shape[0]] = torch.from_numpy(frames)
+            self._set_table(table)
+            self._log = zeros(0)
+            return
+        self._set_table(self._memory.table(table, slots))
         size = max(_MIN_LOG, slots * self.frame_bytes // 32, log.shape[0])
-        self._log = _zeros(size)
-        self._log[: log.shape[0]] = log
+        self._log = self._memory.log(log, size, log.shape[0])
 
     # --- growth --------------------------------------------------------------------------
-    def _new_frames(self, slots: int) -> torch.Tensor:
-        if self.device.type == "cpu":
-            block = torch.from_numpy(_zeros(slots * self.frame_bytes)[: slots * self.frame_bytes])
-            return block.view(self.dtype).view(slots, *self.frame_shape)
-        return torch.zeros((slots, *self.frame_shape), dtype=self.dtype, device=self.device)
+    def _set_frames(self, frames: torch.Tensor) -> None:
+        """Take ``frames`` (this pool's own tensor: nothing else moves its memory)."""
+        self._frames = frames
+        rows = None
+        if frames.is_cpu:
+            rows = frames.view(torch.uint8).view(frames.shape[0], self.frame_bytes).numpy()
+        self._rows = rows
 
     def _grow(self, needed: int) -> None:
-        """At least ``needed`` slots (x1.25 at least): counts, free list and frames copied."""
+        """At least ``needed`` slots (x1.25 at least): counts, free list and frames kept."""
         slots = max(needed, self.slots + self.slots // 4 + 16)
+        if self._frames is not None:
+            self._set_frames(self._memory.frames(self._frames, slots, self._high))
+            slots = int(self._frames.shape[0])
+        else:
+            self._set_table(self._memory.table(self._table, slots))
+            slots = int(self._table.shape[0])
         count = np.zeros(slots, np.int32)
         count[: self.slots] = self._count
         free = np.empty(slots, np.int64)
         free[: self._nfree] = self._free[: self._nfree]
-        if self.codec is None:
-            assert self._frames is not None
-            frames = self._new_frames(slots)
-            frames[: self._high] = self._frames[: self._high]
-            self._frames = frames
-        else:
-            offsets = np.zeros(slots, np.int64)
-            lengths = np.zeros(slots, np.int64)
-            offsets[: self.slots] = self._offsets
-            lengths[: self.slots] = self._lengths
-            self._offsets, self._lengths = offsets, lengths
         self._count, self._free = count, free
 
     def _make_room(self, total: int) -> None:
-        """Room for ``total`` more bytes: compact the log if 1/16 of it is dead, grow if needed."""
+        """Room for ``total`` more bytes: compact the log if enough of it is dead, else grow."""
         dead = self._head - self._live_bytes
-        if dead and dead >= self._head // 16:
+        if dead and dead >= self._head // self._memory.compact_divisor:
             live = np.flatnonzero(self._count[: self._high] > 0)
             order = live[np.argsort(self._offsets[live], kind="stable")]
-            self._head = _compact(self._log, self._offsets, self._lengths, order)
+            log, table, self._head = self._memory.compact(self._log, self._table, order)
+            self._log = log
+            self._set_table(table)
             self._live_bytes = self._head
         if self._head + total <= self._log.shape[0]:
             return
         size = max(self._head + total, self._log.shape[0] + self._log.shape[0] // 2)
-        log = _zeros(size)
-        log[: self._head] = self._log[: self._head]
-        self._log = log
+        self._log = self._memory.log(self._log, size, self._head)

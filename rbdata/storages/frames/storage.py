@@ -16,23 +16,35 @@ repeated frames, another env's stream store what they need. Reads rebuild both s
 bit-exactly from the refs. A frame lives as long as a stored step refers to it, so every index
 in ``[0, len)`` can be read back: samplers need no rule of their own (no step is ever left
 with overwritten frames).
+
+With ``path``, the steps and the frames are files (``_format.py``, ``_files.py``):
+:meth:`FrameStackStorage.open` reopens them, and every write is atomic across a kill (the
+storage's directory, checkpoints and ``rbdata inspect``: its base, ``_persist.py``).
 """
 
 from __future__ import annotations
 
 import pickle
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import torch
 
+from rbdata._ids import new_id
 from rbdata._layout import Layout, Leaf
-from rbdata._layout_keys import DICT_KIND, TENSOR
+from rbdata._layout_keys import DICT_KIND
 from rbdata._shown import shown
+from rbdata.storages._unpack import ItemUnpacker
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.frames._codecs import FrameCodec
+from rbdata.storages.frames._files import FrameFiles
+from rbdata.storages.frames._format import STEPS_DIR, FramesMeta, check_stacks
+from rbdata.storages.frames._persist import FramePersistence
 from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.frames._streams import TRACKED, StreamTracker
+from rbdata.storages.frames._writer import FrameWriter
+from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["REFS_KEY", "FrameStackStorage"]
@@ -41,21 +53,24 @@ __all__ = ["REFS_KEY", "FrameStackStorage"]
 REFS_KEY = ("_frame_refs",)
 
 
-class FrameStackStorage(Storage):
+class FrameStackStorage(FramePersistence):
     """Frame-stacked pixel transitions, each frame stored once (optionally compressed).
 
     Args:
         capacity: steps (transitions) held.
         stack: frames per stack (4 for the usual Atari setup).
         key: the stacked observation's key; ``("next", key)`` is its next observation.
-        path: ``None`` (in memory), or a new directory for the steps' files.
+        path: ``None`` (in memory), or a new directory for the files: the steps in
+            ``steps/`` (a :class:`~rbdata.storages.MemmapStorage`), the frames in
+            ``frames/`` (reopened by ``FrameStackStorage.open``); the data is then on the CPU.
         codec: ``None`` (raw frames), ``"lz4"``, ``"zstd"`` or ``("zstd", level)``: each
             frame compressed on its own (``pip install 'rbdata[pixels]'``).
         device: where reads return the data (and raw frames live); ``None``: CPU.
 
     Raises:
-        ValueError: a bad ``stack``, ``key`` or ``codec``.
+        ValueError: a bad ``stack``, ``key`` or ``codec``, or a ``path`` with a GPU device.
         ImportError: the codec's library is missing.
+        FileExistsError: ``path`` holds files already (reopen them with ``FrameStackStorage.open``).
 
     Examples:
         >>> import torch
@@ -93,19 +108,26 @@ class FrameStackStorage(Storage):
         self._key: tuple[str, ...] = keys
         self._next_key: tuple[str, ...] = ("next", *keys)
         self._codec = None if codec is None else FrameCodec(codec)
-        self._path = path
-        self._steps: Storage = self._new_steps(path)
+        self._path = None if path is None else Path(path)
+        self._files: FrameFiles | None = None
+        if self._path is not None:
+            if self.device.type != "cpu":
+                raise ValueError(f"device: a storage with a path is on the CPU, got {self.device}")
+            meta = FramesMeta(new_id(), self.capacity, stack, keys, self.codec)
+            self._files = FrameFiles.create(self._path, meta)
+        self._steps: Storage = self._new_steps(self._path)
         self._pool: FramePool | None = None
         self._tracker: StreamTracker | None = None
         self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
         self._frame_layout: tuple[tuple[int, ...], torch.dtype] | None = None
+        self._writer: FrameWriter | None = None  # the frames side of writes
+        self._unpacker: ItemUnpacker | None = None  # the per-step path (see add_fast)
+        self._unpack: Any = None
 
-    def _new_steps(self, path: Any) -> Storage:
+    def _new_steps(self, path: Path | None) -> Storage:
         if path is None:
             return TensorStorage(self.capacity, self.device)
-        from rbdata.storages.memmap import MemmapStorage
-
-        return MemmapStorage(self.capacity, path)
+        return MemmapStorage(self.capacity, path / STEPS_DIR)
 
     # --- what it is ------------------------------------------------------------------------
     @property
@@ -126,15 +148,18 @@ class FrameStackStorage(Storage):
     @property
     def frames_stored(self) -> int:
         """Frames held now (those some stored step, or the writer's streams, refer to)."""
+        self._check_open()
         return 0 if self._pool is None else self._pool.live
 
     @property
     def steps(self) -> Storage:
         """The storage of the steps' other fields and frame refs (for implementers)."""
+        self._check_open()
         return self._steps
 
     def nbytes(self) -> int:
         """Bytes the data takes: the frames (touched or compressed) and the steps' fields."""
+        self._check_open()
         layout = self._steps.layout
         step = 0 if layout is None else layout.item_nbytes
         frames = 0 if self._pool is None else self._pool.nbytes()
@@ -142,6 +167,7 @@ class FrameStackStorage(Storage):
 
     def config(self) -> dict[str, Any]:
         """``capacity``, ``stack``, ``key``, ``codec`` and ``device``."""
+        self._check_open()
         return {
             "capacity": self.capacity,
             "stack": self._stack,
@@ -167,32 +193,7 @@ class FrameStackStorage(Storage):
 
     def check_layout(self, layout: Layout) -> None:  # type: ignore[override]
         """Refuse a layout without both stacks, or with stacks of another shape or dtype."""
-        names = f"{self._key!r} and {self._next_key!r}"
-        if layout.kind != DICT_KIND:
-            raise TypeError(f"FrameStackStorage stores dict-like transitions with {names}")
-        leaves = {leaf.key: leaf for leaf in layout.leaves}
-        obs, nxt = leaves.get(self._key), leaves.get(self._next_key)
-        if obs is None or nxt is None:
-            missing = self._key if obs is None else self._next_key
-            raise ValueError(
-                f"key {missing!r}: FrameStackStorage needs the stacks {names} in every write"
-            )
-        for leaf in (obs, nxt):
-            if leaf.kind != TENSOR or len(leaf.shape) not in (3, 4):
-                raise ValueError(
-                    f"key {leaf.key!r}: a stack is [stack, H, W] or [stack, H, W, C] per step, "
-                    f"got {list(leaf.shape)}"
-                )
-            if leaf.shape[0] != self._stack:
-                raise ValueError(
-                    f"key {leaf.key!r}: stacks of {self._stack} frames expected (stack="
-                    f"{self._stack}), got {leaf.shape[0]}"
-                )
-        if (obs.shape, obs.dtype) != (nxt.shape, nxt.dtype):
-            raise ValueError(
-                f"keys {names}: the stacks differ ({obs.dtype} {list(obs.shape)} vs "
-                f"{nxt.dtype} {list(nxt.shape)})"
-            )
+        check_stacks(layout, self._key, self._stack)
 
     def _allocate(self, layout: Layout) -> None:
         keys = list(layout.keys)
@@ -207,13 +208,22 @@ class FrameStackStorage(Storage):
         self._steps_layout = Layout(DICT_KIND, steps)
         # every step's newest frame, plus 1/64 for episode starts and the writer's pins
         slots = self.capacity + self.capacity // 64 + 2 * self._stack * (TRACKED + 2)
-        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device)
+        if self._files is not None:  # frames.json names the layout before any frame file
+            self._files.fix_layout(layout)
+        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, self._files)
         frame_bytes = self._pool.frame_bytes
-        words, word = (
-            (frame_bytes // 8, np.uint64) if frame_bytes % 8 == 0 else (frame_bytes, np.uint8)
-        )
+        words = frame_bytes // 8 if frame_bytes % 8 == 0 else frame_bytes
+        word = np.uint64 if frame_bytes % 8 == 0 else np.uint8
         self._tracker = StreamTracker(self._stack, words, word)
-        self._word = word
+        self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
+        self._bind_fast(layout)
+
+    def _bind_fast(self, layout: Layout | None) -> None:
+        """Set up the per-step path (steps in CPU numpy rows; else every write commits)."""
+        self._unpacker = self._unpack = None
+        if layout is not None and self._steps.writes_rows and self._steps.device.type == "cpu":
+            self._unpacker = ItemUnpacker.for_layout(layout)
+            self._unpack = None if self._unpacker is None else self._unpacker.unpack
 
     # --- writes ----------------------------------------------------------------------------
     def commit(self, target: WriteTarget, prepared: Prepared) -> None:
@@ -223,90 +233,113 @@ class FrameStackStorage(Storage):
             IndexError: the write would leave unwritten steps below the new length (a
                 ``set`` past ``len``); nothing is written.
         """
-        self._check_open()
-        if target.top > len(self) and target.n and self._leaves_gap(target):
+        self._check_writable()
+        if target.skips(len(self)):
             raise IndexError(
                 f"index: FrameStackStorage holds written steps only; the next free slot is "
                 f"{len(self)}, a write there (or below) comes first"
             )
         if prepared.layout is not None:
             self._ensure_layout(prepared.layout)
-        pool, tracker = self._pool, self._tracker
-        assert pool is not None and tracker is not None
+        if not target.n:  # an empty batch: nothing to store
+            return
+        writer = self._writer
+        assert writer is not None
         obs_at, next_at, others = self._places
         payload = prepared.payload
         n = target.n
-        obs = self._words(payload[obs_at], n)
-        nxt = self._words(payload[next_at], n)
-        refs = np.empty((n, 2, self._stack), np.int64)
-        count, places = tracker.plan(obs, nxt, refs)
-        known = refs[refs >= 0]
-        pool.acquire(known)  # before the old steps let go: they may share these frames
+        obs, nxt = writer.words(payload[obs_at], n), writer.words(payload[next_at], n)
         slots = target.slots_numpy()
-        pool.release(self._old_refs(slots))
-        fresh = pool.take(count)
-        if count:
-            pool.store(fresh, self._new_frames(obs, nxt, places))
-            new = refs < 0
-            refs[new] = fresh[-1 - refs[new]]
-            pool.acquire(refs[new])
-        if target.indices is not None:  # a slot written twice keeps its last item only
-            self._release_overwritten(slots, refs, pool)
-        tracker.keep(nxt, refs, pool)
+        old = writer.old_refs(slots, len(self))  # released once the steps are committed
+        refs = writer.admit(obs, nxt, None if target.indices is None else slots)
         rows = torch.from_numpy(refs.astype(np.int32))
         inner = [payload[i] for i in others]
         inner.append(rows if prepared.batched else rows[0])
         first = self._steps.layout is None
         steps = Prepared(inner, n, self._steps_layout if first else None, prepared.batched)
         self._steps.commit(target, steps)
+        writer.release(old)  # after the commit: a kill never leaves old steps over new frames
         self._items_written += n
         if target.top > len(self):
             self._set_length(target.top)
         self._set_next(target.next_slot(self.capacity, self.next_slot))
 
-    def _new_frames(self, obs: np.ndarray, nxt: np.ndarray, places: np.ndarray) -> np.ndarray:
-        """The frames at ``places`` (``(j * 2 + which) * stack + k``) as ``uint8`` rows."""
-        step, pos = np.divmod(places, self._stack)
-        j, which = np.divmod(step, 2)
-        rows = np.empty((places.size, obs.shape[2]), obs.dtype)
-        from_obs = which == 0
-        rows[from_obs] = obs[j[from_obs], pos[from_obs]]
-        rows[~from_obs] = nxt[j[~from_obs], pos[~from_obs]]
-        return rows.view(np.uint8)
+    # --- the per-step path of ring writers and the SB3 adapter (see Storage.add_fast) -----
+    writes_rows = True  # write_row/write_rows write once a layout is fixed on CPU steps
 
-    def _leaves_gap(self, target: WriteTarget) -> bool:
-        """Whether writing ``target`` would leave a never-written slot below its top."""
-        slots = np.unique(target.slots_numpy())
-        above = slots[slots >= len(self)]
-        return bool(above.size) and int(above[-1]) - len(self) + 1 != above.size
+    def _rows_ok(self) -> bool:
+        """Whether rows may be written now (a layout, CPU steps, this process the writer)."""
+        unpacker, steps = self._unpacker, self._steps
+        return (
+            unpacker is not None and not self._closed and not steps.shared and self._writes_here()
+        )
 
-    def _words(self, t: Any, n: int) -> np.ndarray:
-        """A stack payload as ``[n, stack, words]`` numpy (a copy only if not contiguous)."""
-        arr = t.detach().contiguous().view(torch.uint8).numpy().reshape(n, self._stack, -1)
-        return arr.view(self._word) if self._word is not np.uint8 else arr
+    def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """One transition whose leaves match the layout exactly, without ``prepare``."""
+        values = self._unpack(item) if self._rows_ok() else None
+        if values is None:
+            return False
+        if check is not None:
+            check(slot, item)
+        return self.write_row(slot, values)
 
-    def _refs_view(self) -> np.ndarray:
-        """The steps' refs as numpy ``[capacity, 2, stack]`` (a view of the steps' buffer)."""
-        buffers = self._steps.buffers  # type: ignore[attr-defined]
-        return buffers[-1].cpu().numpy() if not buffers[-1].is_cpu else buffers[-1].numpy()
+    def write_row(self, slot: int, values: list[Any]) -> bool:
+        """Write one checked step (numpy leaves in layout order) at ``slot``; ``False``: not now."""
+        writer = self._writer
+        if writer is None or not self._rows_ok():
+            return False
+        obs_at, next_at, others = self._places
+        obs, nxt = writer.words(values[obs_at], 1), writer.words(values[next_at], 1)
+        old = writer.old_ref(slot, self._length)
+        refs = writer.admit(obs, nxt)
+        rows = [values[i] for i in others]
+        rows.append(refs[0])  # cast to int32 by the row assignment
+        if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
+            payload = [torch.as_tensor(np.asarray(r)) for r in rows]
+            payload[-1] = payload[-1].to(torch.int32)
+            self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
+        writer.release(old)  # after the steps: a freed frame is never reused by this write
+        top = slot + 1
+        if top > self._length:
+            self._length = top
+        self._next = top % self.capacity
+        self._items_written += 1
+        return True
 
-    def _old_refs(self, slots: np.ndarray) -> np.ndarray:
-        """The refs of the stored steps that ``slots`` overwrite (each slot once)."""
-        live = slots[slots < len(self)]
-        if not live.size:
-            return np.zeros(0, np.int64)
-        if live.size > 1:
-            live = np.unique(live)
-        return self._refs_view()[live].astype(np.int64)
+    def extend_fast(self, start: int, data: Any, check: Any = None) -> torch.Tensor | None:
+        """A small batch (one env step of ``n_envs`` streams) at the ring slots from ``start``."""
+        got = self._unpacker.unpack_batch(data) if self._rows_ok() else None  # type: ignore[union-attr]
+        if got is None or got[1] > self.capacity:
+            return None
+        values, n = got
+        index = torch.from_numpy(np.arange(start, start + n) % self.capacity)
+        if check is not None:
+            check(index, data)
+        return index if self.write_rows(start, n, [np.asarray(v) for v in values]) else None
 
-    @staticmethod
-    def _release_overwritten(slots: np.ndarray, refs: np.ndarray, pool: FramePool) -> None:
-        """Release the items of a write whose slot a later item of it writes again."""
-        _, last = np.unique(slots[::-1], return_index=True)
-        keep = np.zeros(slots.size, bool)
-        keep[slots.size - 1 - last] = True
-        if not keep.all():
-            pool.release(refs[~keep])
+    def write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """Write ``n`` checked steps (numpy leaves) at ring slots from ``start``; or ``False``."""
+        writer = self._writer
+        if writer is None or not self._rows_ok():
+            return False
+        slots = np.arange(start, start + n) % self.capacity
+        obs_at, next_at, others = self._places
+        obs, nxt = writer.words(values[obs_at], n), writer.words(values[next_at], n)
+        old = writer.old_refs(slots, self._length)  # read before the steps are overwritten
+        refs = writer.admit(obs, nxt)
+        rows = [values[i] for i in others]
+        rows.append(refs.astype(np.int32))
+        if not self._steps.write_rows(start, n, rows):  # e.g. the steps' views were dropped
+            payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
+            target = WriteTarget.ring(start, n, self.capacity)
+            self._steps.commit(target, Prepared(payload, n, None, True))
+        writer.release(old)  # after the steps: a freed frame is never reused by this write
+        top = start + n
+        if top > self._length:
+            self._length = min(top, self.capacity)
+        self._next = top % self.capacity
+        self._items_written += n
+        return True
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:  # pragma: no cover
         raise AssertionError("FrameStackStorage writes through commit")
@@ -316,7 +349,7 @@ class FrameStackStorage(Storage):
 
     def clear(self) -> None:
         """Forget all steps and frames (the memory is kept)."""
-        self._check_open()
+        self._check_writable()
         self._steps.clear()
         if self._pool is not None:
             assert self._tracker is not None
@@ -343,22 +376,14 @@ class FrameStackStorage(Storage):
 
     # --- pickling: a consistent snapshot ---------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
-        state = self.__dict__.copy()
         # the steps and the frames travel together as one copy (pickled plainly, never moved
         # to shared memory: a reader never pairs new steps with old frames); a copy of a
         # storage with a path is an in-memory one
-        steps, n = self._steps, len(self._steps)
-        layout = steps.layout
-        snapshot = {
-            "length": n,
-            "next": steps.next_slot,
-            "layout": None if layout is None else layout.to_json(),
-            "buffers": []
-            if layout is None
-            else [b[:n].detach().cpu().clone() for b in steps.buffers],  # type: ignore[attr-defined]
-        }
-        state["_steps"] = pickle.dumps(snapshot)
-        state["_path"] = None
+        state = self.__dict__.copy()
+        state["_steps"] = pickle.dumps(self._steps.dump_state(None))  # type: ignore[arg-type]
+        state.update(_path=None, _files=None, _read_only=False)
+        state["_unpacker"] = state["_unpack"] = None  # compiled for this process: anew
+        state["_writer"] = None  # bound to the steps, rebuilt with the copy's own
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
@@ -366,3 +391,6 @@ class FrameStackStorage(Storage):
         self.__dict__.update(state)
         config = {"max_size": self.capacity, "device": str(self.device)}
         self._steps = TensorStorage.from_state(config, snapshot, None)  # type: ignore[arg-type]
+        if self._pool is not None and self._tracker is not None:
+            self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
+        self._bind_fast(self._layout)

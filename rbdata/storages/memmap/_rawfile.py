@@ -31,6 +31,7 @@ __all__ = [
     "map_file",
     "open_fd",
     "regular_size",
+    "reserve",
     "trailer",
 ]
 
@@ -100,16 +101,7 @@ def create_file(path: Path, size: int, tail: bytes = b"") -> None:
     fd = open_fd(path, os.O_RDWR | os.O_CREAT | os.O_TRUNC, "a storage file")
     try:
         if size:
-            try:
-                os.posix_fallocate(fd, 0, size)
-            except AttributeError:  # pragma: no cover - no posix_fallocate (macOS)
-                os.ftruncate(fd, size)
-            except OSError as err:
-                if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
-                    raise OSError(
-                        err.errno, f"{path}: cannot reserve {size} bytes ({err.strerror})"
-                    ) from err
-                os.ftruncate(fd, size)
+            reserve(fd, size, path)
         if tail:
             os.pwrite(fd, tail, size)
     except BaseException:
@@ -117,6 +109,24 @@ def create_file(path: Path, size: int, tail: bytes = b"") -> None:
         path.unlink(missing_ok=True)
         raise
     os.close(fd)
+
+
+def reserve(fd: int, size: int, path: Path) -> None:
+    """Grow the open file ``fd`` to ``size`` bytes with their space reserved on disk.
+
+    ``posix_fallocate`` (a full disk is an ``OSError`` naming ``path``, never a SIGBUS at a
+    write through a mapping); ``ftruncate`` (sparse) where that is unsupported.
+    """
+    try:
+        os.posix_fallocate(fd, 0, size)
+    except AttributeError:  # pragma: no cover - no posix_fallocate (macOS)
+        os.ftruncate(fd, size)
+    except OSError as err:
+        if err.errno not in (errno.EOPNOTSUPP, errno.ENOSYS, errno.EINVAL):
+            raise OSError(
+                err.errno, f"{path}: cannot reserve {size} bytes ({err.strerror})"
+            ) from err
+        os.ftruncate(fd, size)
 
 
 def as_tensor(buf: Any, offset: int, nbytes: int, dtype: torch.dtype, shape: Any) -> torch.Tensor:

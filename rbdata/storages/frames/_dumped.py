@@ -1,0 +1,174 @@
+"""A :class:`~rbdata.storages.FrameStackStorage` dumped: written, checked, described.
+
+A checkpoint's ``storage/`` is what ``FrameStackStorage(path=...)`` writes (``_format.py``):
+``frames.json``, ``steps/`` (the steps dumped by their own storage's hook) and ``frames/``
+with the frames of slots ``[0, high)`` (compressed: the live blobs packed, generation 0).
+Restoring opens it copy-on-write (``_persist.py``), so the checkpoint never changes.
+
+- :func:`write_frames`: ``frames.json`` and the frame files of a dump, checksummed;
+- :func:`check_dumped`: every field and file against the metadata, before anything is mapped;
+- :func:`describe_dir`: counts, keys, the frames held and their bytes per step, metadata only.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata._atomic import fsync_dir
+from rbdata._checked import plain_file
+from rbdata._checksum import crc32, entry, file_entry
+from rbdata._files import inside, open_nofollow
+from rbdata.errors import CheckpointError
+from rbdata.storages._describe import StorageInfo, key_infos
+from rbdata.storages._persist import check_dumped_dir
+from rbdata.storages.base import Storage
+from rbdata.storages.frames._format import (
+    FRAMES_DIR,
+    HEADER,
+    META_FILE,
+    STEPS_DIR,
+    FramesMeta,
+    check_header,
+    header,
+    read_frames_meta,
+    write_frames_meta,
+)
+from rbdata.storages.memmap import MemmapStorage
+
+__all__ = ["check_dumped", "describe_dir", "frame_units", "write_frames"]
+
+
+def frame_units(meta: FramesMeta) -> dict[str, int]:
+    """Each frame file's row bytes, by kind (``frames``, or ``log`` and ``table``)."""
+    return {"frames": meta.frame_bytes, "log": 1, "table": 16}
+
+
+def write_frames(
+    directory: Path, meta: FramesMeta, data: np.ndarray, table: np.ndarray, fsync: bool
+) -> dict[str, dict[str, int]]:
+    """Write ``frames.json`` and the frame files (:meth:`FramePool.export`'s ``data``, ``table``).
+
+    Returns the checksum entries of the files written (names relative to ``directory``).
+    """
+    folder = directory / FRAMES_DIR
+    folder.mkdir()
+    names = meta.files()  # none before the first write
+    parts = {"frames": data, "log": data, "table": table}
+    sums = {}
+    for kind in names:
+        array = parts[kind]
+        head = header(kind, meta.ident, meta.generation)
+        body = np.ascontiguousarray(array).reshape(-1).view(np.uint8)
+        with open_nofollow(folder / names[kind], "xb") as f:
+            f.write(head)
+            f.write(body.data)
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        size = HEADER + body.nbytes
+        sums[f"{FRAMES_DIR}/{names[kind]}"] = entry(size, size, crc32(body, crc32(head)))
+    fsync_dir(folder, fsync)
+    write_frames_meta(directory, meta, fsync)
+    sums[META_FILE] = file_entry(directory / META_FILE)
+    return sums
+
+
+def _check_files(root: Path, meta: FramesMeta, problems: list[str] | None) -> None:
+    """Every frame file the metadata names: a plain file, whole rows, this directory's header.
+
+    ``problems``: collect what is wrong (``describe``); ``None``: raise ``CheckpointError``.
+    """
+    units = frame_units(meta)
+    for kind, name in meta.files().items():
+        path = root / FRAMES_DIR / name
+        try:
+            size = plain_file(path, "storage").st_size
+            if size < HEADER or (size - HEADER) % units[kind]:
+                raise CheckpointError(
+                    f"{path}: {size} bytes, expected a {HEADER}-byte header and whole "
+                    f"{units[kind]}-byte rows; truncated or corrupt"
+                )
+            with open_nofollow(path, "rb") as f:
+                found = f.read(HEADER)
+            try:
+                check_header(found, kind, meta.ident, meta.generation, path)
+            except ValueError as err:
+                raise CheckpointError(str(err)) from None
+        except CheckpointError as err:
+            if problems is None:
+                raise
+            problems.append(str(err))
+
+
+def check_dumped(
+    cls: type[Storage], directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+) -> tuple[int, FramesMeta]:
+    """Check what a dump wrote (``frames.json``, ``steps/``, the frame files); the capacity."""
+    check_dumped_dir(cls, directory, state, META_FILE)
+    try:
+        meta = read_frames_meta(directory)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(str(err)) from None
+    file = directory / META_FILE
+    if state.get("id") != meta.ident:
+        raise CheckpointError(
+            f"{file}: a storage directory of another checkpoint ({META_FILE}'s id "
+            f"{meta.ident}, {meta_file.name} recorded {state.get('id')!r:.40}); the folder "
+            "was swapped or replaced"
+        )
+    saved = {
+        "capacity": meta.capacity,
+        "stack": meta.stack,
+        "key": list(meta.key),
+        "codec": meta.codec,
+    }
+    for key, value in saved.items():
+        if key in config and config[key] != value:
+            raise CheckpointError(
+                f"{file}: {key}={value!r:.60}, the checkpoint's storage config says "
+                f"{config[key]!r:.60}"
+            )
+    steps = inside(directory, STEPS_DIR, "steps directory")
+    MemmapStorage.check_dump(steps, {"max_size": meta.capacity}, state.get("steps"), meta_file)
+    _check_files(directory, meta, None)
+    return meta.capacity, meta
+
+
+def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
+    """``frames.json`` and the steps' metadata; frame files by size and header (64 bytes)."""
+    meta = read_frames_meta(root)
+    steps_dir = inside(root, STEPS_DIR, "steps directory")
+    steps, problems = MemmapStorage.describe(steps_dir)
+    problems = [f"{STEPS_DIR}/{p}" for p in problems]
+    _check_files(root, meta, problems)
+    details: dict[str, Any] = {"stack": meta.stack, "codec": meta.codec or "none"}
+    if meta.frame is not None:
+        shape, dtype = meta.frame
+        details["frame"] = f"{list(shape)} {str(dtype).removeprefix('torch.')}"
+    if meta.frames is not None and meta.frame_data is not None:
+        details["frames_stored"] = f"{meta.frames:,} (at the last flush, close or dump)"
+        if steps.length:
+            per_step = (meta.frame_data + steps.length * _step_bytes(steps)) / steps.length
+            details["bytes_per_step"] = f"{per_step:,.0f} (frames and the other fields)"
+    for key, value in steps.details.items():
+        details[f"steps_{key}"] = value
+    if steps.capacity != meta.capacity:
+        problems.append(f"{STEPS_DIR}: capacity {steps.capacity}, {META_FILE} says {meta.capacity}")
+    info = StorageInfo(
+        "frames", meta.capacity, steps.length, steps.next_slot, key_infos(meta.layout), details
+    )
+    return info, problems
+
+
+def _step_bytes(steps: StorageInfo) -> int:
+    """Bytes of one step's other fields and refs (from the steps' keys)."""
+    total = 0
+    for key in steps.keys:
+        dtype = getattr(torch, key.dtype, torch.uint8)
+        total += int(np.prod(key.shape, dtype=np.int64)) * dtype.itemsize
+    return total

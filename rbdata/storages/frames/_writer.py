@@ -1,0 +1,117 @@
+"""The frames side of a :class:`~rbdata.storages.FrameStackStorage` write: :class:`FrameWriter`.
+
+Every write path of the storage (``commit``, the per-step ``add_fast`` and ``extend_fast``)
+does the same three things around writing its steps:
+
+1. read the refs of the stored steps it overwrites (:meth:`FrameWriter.old_refs`);
+2. :meth:`FrameWriter.admit` the new steps' stacks: plan which frames are new
+   (``_streams.py``), store those in fresh slots of the pool, take a reference on every frame
+   the new steps use, and let the tracker keep this write's next observations;
+3. write the steps with their refs, *then* :meth:`FrameWriter.release` the old refs, so a
+   slot freed by a write is never reused by that same write (a kill between the frames and
+   the steps never leaves old steps over new frames).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from rbdata.storages.base import Storage
+from rbdata.storages.frames._pool import FramePool
+from rbdata.storages.frames._streams import StreamTracker
+
+__all__ = ["FrameWriter"]
+
+_NONE = np.zeros(0, np.int64)
+
+
+class FrameWriter:
+    """Frame references of a storage's writes (see the module docstring).
+
+    Args:
+        pool: the storage's frames.
+        tracker: the stacks kept as candidates across writes.
+        steps: the storage of the steps, whose last leaf holds each step's refs.
+        stack: frames per stack.
+    """
+
+    def __init__(self, pool: FramePool, tracker: StreamTracker, steps: Storage, stack: int) -> None:
+        self.pool = pool
+        self.tracker = tracker
+        self.stack = stack
+        self._steps = steps
+        frame_bytes = pool.frame_bytes
+        self.word: Any = np.uint64 if frame_bytes % 8 == 0 else np.uint8
+        self._refs_cache: tuple[torch.Tensor, int, np.ndarray] | None = None
+
+    def words(self, data: Any, n: int) -> np.ndarray:
+        """Stacks (a tensor or an array, ``[n, stack, *frame]``) as ``[n, stack, words]``.
+
+        A view where the data is contiguous on the CPU, else a copy.
+        """
+        if isinstance(data, torch.Tensor):
+            data = data.detach().contiguous().view(torch.uint8).numpy()
+        arr = np.ascontiguousarray(data).view(np.uint8).reshape(n, self.stack, -1)
+        return arr.view(self.word)
+
+    def admit(self, obs: np.ndarray, nxt: np.ndarray, slots: np.ndarray | None = None) -> Any:
+        """Store a write's new frames and take references: its refs ``[n, 2, stack]`` int64.
+
+        ``slots``: the write's slots when an item may repeat one (the last write wins: the
+        references of the items written over within the write are dropped).
+        """
+        pool, tracker = self.pool, self.tracker
+        refs = np.empty((obs.shape[0], 2, self.stack), np.int64)
+        frames = tracker.plan(obs, nxt, refs)
+        fresh = pool.take(frames.shape[0])
+        pool.store(fresh, frames)
+        pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
+        tracker.keep(nxt, refs, pool)  # pins first: it may keep a dropped item's frames
+        if slots is not None:
+            _, last = np.unique(slots[::-1], return_index=True)
+            keep = np.zeros(slots.size, bool)
+            keep[slots.size - 1 - last] = True
+            if not keep.all():
+                pool.release(refs[~keep])
+        return refs
+
+    def release(self, old: np.ndarray) -> None:
+        """Drop the references of the steps a write overwrote (after it wrote its steps)."""
+        self.pool.release(old)
+
+    def old_refs(self, slots: np.ndarray, length: int) -> np.ndarray:
+        """The refs of the stored steps (below ``length``) that ``slots`` overwrite, once each."""
+        live = slots[slots < length]
+        if not live.size:
+            return _NONE
+        if live.size > 1:
+            live = np.unique(live)
+        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
+        if not refs.is_cpu:  # gather on the device, copy only these rows
+            index = torch.from_numpy(live).to(refs.device)
+            return refs.index_select(0, index).cpu().numpy().astype(np.int64)
+        return self._rows()[live].astype(np.int64)
+
+    def old_ref(self, slot: int, length: int) -> np.ndarray:
+        """:meth:`old_refs` of one slot of CPU steps (the per-step path)."""
+        return self._rows()[slot].copy() if slot < length else _NONE
+
+    def _rows(self) -> np.ndarray:
+        """The CPU steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view).
+
+        The view is cached with the data pointer of the steps' refs buffer and rebuilt when
+        that moved (see ``rbdata/storages/_memory.py``).
+        """
+        refs = self._steps.buffers[-1]  # type: ignore[attr-defined]
+        cached = self._refs_cache
+        if cached is not None and cached[0] is refs and cached[1] == refs.data_ptr():
+            return cached[2]
+        view = refs.numpy()
+        self._refs_cache = (refs, refs.data_ptr(), view)
+        return view
+
+    def __getstate__(self) -> dict[str, Any]:
+        raise TypeError("a FrameWriter is its storage's: pickle the storage")
