@@ -239,24 +239,13 @@ class FramePool:
         self._head = head + total
         self._live_bytes += total
 
-    def read(self, refs: torch.Tensor) -> torch.Tensor:
-        """The frames at ``refs`` (any shape of in-range slots): ``[*refs.shape, *frame]``."""
+    def _read_raw(self, refs: torch.Tensor) -> torch.Tensor:
+        """Raw frames at ``refs`` (any shape of in-range slots): ``[*refs.shape, *frame]``."""
+        assert self._frames is not None
         flat = refs.reshape(-1)
-        if self.codec is None:
-            assert self._frames is not None
-            if flat.device != self._frames.device:
-                flat = flat.to(self._frames.device, non_blocking=flat.is_cpu)
-            out = take_rows(self._frames, flat)
-            return out.view(*refs.shape, *self.frame_shape)
-        unique, inverse = torch.unique(flat.cpu(), return_inverse=True)
-        slots = unique.numpy()
-        decoded = np.empty((slots.shape[0], self.frame_bytes), np.uint8)
-        self.codec.decode_into(self._log, self._offsets[slots], self._lengths[slots], decoded)
-        frames = torch.from_numpy(decoded).view(self.dtype).view(-1, *self.frame_shape)
-        out = take_rows(frames, inverse)
-        if self.device.type != "cpu":
-            out = out.to(self.device)
-        return out.view(*refs.shape, *self.frame_shape)
+        if flat.device != self._frames.device:
+            flat = flat.to(self._frames.device, non_blocking=flat.is_cpu)
+        return take_rows(self._frames, flat).view(*refs.shape, *self.frame_shape)
 
     def read_pair(self, refs: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Both stacks of the steps whose refs are ``refs`` (``[n, 2, stack]``).
@@ -265,7 +254,7 @@ class FramePool:
         """
         if self.codec is None:
             refs = refs.long()
-            return self.read(refs[:, 0]), self.read(refs[:, 1])
+            return self._read_raw(refs[:, 0]), self._read_raw(refs[:, 1])
         places = refs.transpose(0, 1).reshape(-1).cpu().numpy()  # the obs, then the next
         log, offsets, lengths, size = self._log, self._offsets, self._lengths, self.frame_bytes
         rows = self.codec.decode_places(log, offsets, lengths, places, size)

@@ -119,7 +119,6 @@ class FrameStackStorage(FramePersistence):
         self._pool: FramePool | None = None
         self._tracker: StreamTracker | None = None
         self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
-        self._frame_layout: tuple[tuple[int, ...], torch.dtype] | None = None
         self._writer: FrameWriter | None = None  # the frames side of writes
         self._unpacker: ItemUnpacker | None = None  # the per-step path (see add_fast)
         self._unpack: Any = None
@@ -202,7 +201,6 @@ class FrameStackStorage(FramePersistence):
         self._places = (obs_at, next_at, others)
         leaf = layout.leaves[obs_at]
         frame_shape, dtype = tuple(leaf.shape[1:]), leaf.dtype
-        self._frame_layout = (frame_shape, dtype)
         steps = [layout.leaves[i] for i in others]
         steps.append(Leaf(REFS_KEY, (2, self._stack), torch.int32))
         self._steps_layout = Layout(DICT_KIND, steps)
