@@ -225,6 +225,57 @@ def test_unrelated_stacks_grow_the_pool_never_lose_a_frame(codec) -> None:
     assert_no_leak(storage)
 
 
+@pytest.mark.parametrize("codec", CODECS)
+def test_per_step_adds_that_outgrow_the_pool_stay_exact(codec) -> None:
+    """The per-step kernel hands a step it has no room for to the general path (which grows)."""
+    capacity = 100
+    storage, ref = FrameStackStorage(capacity, 4, codec=codec), TensorStorage(capacity)
+    rb, rb_ref = ReplayBuffer(storage), ReplayBuffer(ref)
+    rng = np.random.default_rng(2)
+    continuing = torch.from_numpy(rng.integers(0, 256, (4, 6, 5), dtype=np.uint8))
+    for t in range(3 * capacity):
+        if t % 10:  # unrelated stacks: 8 new frames a step
+            obs, nxt = torch.from_numpy(rng.integers(0, 256, (2, 4, 6, 5), dtype=np.uint8))
+        else:  # a stack that continues the last one: 1 new frame
+            obs = continuing
+            new = torch.from_numpy(rng.integers(0, 256, (1, 6, 5), dtype=np.uint8))
+            nxt = torch.cat([obs[1:], new])
+        continuing = nxt
+        item = {"observation": obs.numpy(), "next": {"observation": nxt.numpy()}}
+        rb.add(item)
+        rb_ref.add(item)
+    assert storage.frames_stored > capacity + capacity // 64 + 2 * 4 * 66  # grown
+    assert_same(storage, ref)
+    assert_no_leak(storage)
+
+
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_step_whose_write_fails_keeps_the_step_it_would_overwrite(codec) -> None:
+    """The per-step kernel drops the overwritten step's frames; a failed write takes them back."""
+    capacity = 40
+    data = rollout(4 * capacity, 1, frame=(6, 5), seed=3, zero_pad=False)
+    storage, ref = FrameStackStorage(capacity, 4, codec=codec), TensorStorage(capacity)
+    rb, rb_ref = ReplayBuffer(storage), ReplayBuffer(ref)
+    steps = storage.steps
+    real = steps.write_row
+
+    def failing(slot, rows):
+        raise OSError("disk full")
+
+    for t in range(4 * capacity):
+        if t % 7 == 3 and t > capacity:  # a write over a stored step fails
+            steps.write_row = failing  # type: ignore[method-assign]
+            with pytest.raises(OSError, match="disk full"):
+                rb.add(data[t])
+            steps.write_row = real  # type: ignore[method-assign]
+            assert_same(storage, ref)
+            continue
+        rb.add(data[t])
+        rb_ref.add(data[t])
+    assert_same(storage, ref)
+    assert_no_leak(storage)
+
+
 def test_real_atari_frames_bit_exact() -> None:
     """Pong through gymnasium's AtariPreprocessing and FrameStackObservation, two envs."""
     gym = pytest.importorskip("gymnasium")

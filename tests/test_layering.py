@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import ast
+import io
+import tokenize
 from pathlib import Path
 
 import pytest
@@ -219,17 +221,53 @@ def test_no_private_attribute_of_another_package() -> None:
     assert not found, f"private attributes of another package used: {found}"
 
 
-#: the modules still over the limit, at their size when the rule came: they may shrink, never
-#: grow (a ratchet). None is left: every module is under the limit.
-_CEILINGS: dict[str, int] = {}
-LIMIT = 400
+#: code lines a module may have (docstrings, comments and blank lines not counted): past it,
+#: a class hides an object to extract with its own state (never squeeze lines to pass)
+LIMIT = 450
+_NOT_CODE = {
+    tokenize.COMMENT,
+    tokenize.NL,
+    tokenize.NEWLINE,
+    tokenize.INDENT,
+    tokenize.DEDENT,
+    tokenize.ENCODING,
+    tokenize.ENDMARKER,
+}
+
+
+def code_lines(source: str) -> int:
+    """Lines of ``source`` that hold code: not blank, not only a comment, not a docstring."""
+    docs: set[int] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Module | ast.ClassDef | ast.FunctionDef | ast.AsyncFunctionDef):
+            first = node.body[0] if node.body else None
+            if (
+                isinstance(first, ast.Expr)
+                and isinstance(first.value, ast.Constant)
+                and isinstance(first.value.value, str)
+            ):
+                docs.update(range(first.lineno, (first.end_lineno or first.lineno) + 1))
+    code: set[int] = set()
+    for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+        if tok.type not in _NOT_CODE:
+            code.update(n for n in range(tok.start[0], tok.end[0] + 1) if n not in docs)
+    return len(code)
+
+
+def test_code_lines_counts_code_only() -> None:
+    source = (
+        '"""Module doc.\n\nMore."""\n\n# a comment\nimport os\n\n\n'
+        'def f(x):\n    """Doc."""\n    y = """not a\n    docstring"""\n'
+        "    return (x,  # trailing\n            y)\n"
+    )
+    # import, def, the two lines of the string, the two lines of the return
+    assert code_lines(source) == 6
 
 
 def test_modules_stay_small() -> None:
     big = {}
     for path in sorted(PACKAGE.rglob("*.py")):
-        rel = path.relative_to(PACKAGE).as_posix()
-        lines = len(path.read_text(encoding="utf-8").splitlines())
-        if lines > _CEILINGS.get(rel, LIMIT):
-            big[rel] = lines
-    assert not big, f"modules over {LIMIT} lines (or over their ceiling): {big}"
+        lines = code_lines(path.read_text(encoding="utf-8"))
+        if lines > LIMIT:
+            big[path.relative_to(PACKAGE).as_posix()] = lines
+    assert not big, f"modules over {LIMIT} lines of code (extract the object inside): {big}"

@@ -20,6 +20,7 @@ decoder, the batch falls back to the library's Python API frame by frame (correc
 from __future__ import annotations
 
 import ctypes
+import functools
 import importlib.util
 import os
 import threading
@@ -115,6 +116,16 @@ def _build_kernel(name: str) -> tuple[Any, Any]:
     args = [c_void_p, c_void_p, c_size_t, c_void_p, c_size_t]
     fn = None if lib is None else _c_function(lib, "ZSTD_decompressDCtx", c_size_t, args)
     return (None if fn is None else _zstd_kernel(fn)), zstandard
+
+
+@functools.cache  # one per process: the per-step kernel is compiled for it once
+def _compress_c() -> Any:
+    """The lz4 wheel's ``LZ4_compress_default`` (ctypes), or ``None`` where it is not exported."""
+    from lz4.block import _block
+
+    c_int, c_void_p = ctypes.c_int, ctypes.c_void_p
+    args = [c_void_p, c_void_p, c_int, c_int]
+    return _c_function(_block.__file__, "LZ4_compress_default", c_int, args)
 
 
 def _zstd_library() -> str | None:
@@ -238,6 +249,9 @@ class FrameCodec:
             ) from exc
         self._contexts: _Contexts | None = None
         self._cctx: Any = None
+        #: ``LZ4_compress_default`` of the lz4 wheel (ctypes; ``None``: zstd, or not exported),
+        #: for the per-step write kernel (``_kernels.admit_kernel``)
+        self.compress_c: Any = _compress_c() if name == "lz4" else None
         if name == "zstd":
             self._cctx = self._lib.ZstdCompressor(level=level, write_content_size=True)
             lib = _zstd_library()

@@ -14,7 +14,7 @@ appended, and when the log is full it is compacted (the live blobs moved down, i
 if enough of it is dead, else it grows. Both grow when more slots are needed than the
 storage's default (``capacity + capacity // 64`` plus the writer's pins). The arrays are the
 pool's *memory*'s (``_memory.py``): process memory, or the files of a directory (``_files.py``).
-The counts' kernels are ``_counts.py``'s.
+The kernels (counts, the per-step write) are ``_kernels.py``'s.
 """
 
 from __future__ import annotations
@@ -25,9 +25,10 @@ import numpy as np
 import torch
 
 from rbdata.storages.frames._codecs import FrameCodec
-from rbdata.storages.frames._counts import acquire as _acquire
-from rbdata.storages.frames._counts import release as _release
-from rbdata.storages.frames._counts import settle as _settle
+from rbdata.storages.frames._kernels import acquire as _acquire
+from rbdata.storages.frames._kernels import admit_kernel, admit_raw
+from rbdata.storages.frames._kernels import release as _release
+from rbdata.storages.frames._kernels import settle as _settle
 from rbdata.storages.frames._memory import FrameMemory, pack, take_rows, zeros
 
 __all__ = ["FramePool"]
@@ -63,8 +64,11 @@ class FramePool:
         self.device = device
         self.frame_bytes = int(np.prod(self.frame_shape, dtype=np.int64)) * dtype.itemsize
         self._memory = FrameMemory(self.frame_shape, dtype, device) if memory is None else memory
+        #: the word a frame is compared and copied in: ``uint64`` where the bytes allow
+        self.word: Any = np.uint64 if self.frame_bytes % 8 == 0 else np.uint8
         self._frames: torch.Tensor | None = None
         self._rows: np.ndarray | None = None  # numpy [slots, frame_bytes] of CPU frames
+        self._words: np.ndarray | None = None  # the same as [slots, words] of ``word``
         self._log = zeros(0)
         self._head = 0
         self._live_bytes = 0
@@ -143,6 +147,55 @@ class FramePool:
         if self.codec is not None and self._nfree > freed:
             dead = self._free[freed : self._nfree]
             self._live_bytes -= int(self._lengths[dead].sum())
+
+    def admit_one(
+        self,
+        step: tuple[np.ndarray, ...],
+        kept: np.ndarray,
+        kept_refs: np.ndarray,
+        kept_count: int,
+        rows: np.ndarray,
+    ) -> int:
+        """The frames side of one step of one stream, in one kernel call (CPU frames).
+
+        ``step``: ``(obs, nxt, refs, old)``: the stacks ``[1, S, words]`` (of :attr:`word`),
+        the step's refs ``[1, 2, S]`` (filled here) and the refs (1-D) of the stored step it
+        overwrites. ``kept``, ``kept_refs``, ``kept_count``: a ``StreamTracker``'s arrays,
+        with one stream and no last step; ``rows`` ``[2 * S, words]`` scratch. Plans the step,
+        stores its new frames, takes the references of ``refs``, pins the next observation as
+        the tracker's stream 0, then drops ``old`` (after taking slots: a slot it frees is
+        never one of this step's). Returns the free-stack mark :meth:`undrop` takes, or ``-1``
+        (nothing changed): not here (device frames, a codec without a C compressor, no room
+        without growing), take the general path.
+        """
+        args = (step, kept, kept_refs, kept_count, rows, self._count, self._free)
+        if self.codec is None:
+            if self._words is None:
+                return -1
+            new, mark, nfree, high = admit_raw(*args, self._nfree, self._high, self._words)
+        else:
+            compress = self.codec.compress_c
+            if compress is None:
+                return -1
+            kernel = admit_kernel(compress)
+            got = kernel(*args, self._nfree, self._high, self._log, self._table, self._head,
+                         self._live_bytes)  # fmt: skip
+            new, mark, nfree, high, self._head, self._live_bytes = got
+        if new < 0:
+            return -1
+        self._nfree, self._high = nfree, high
+        return int(mark)
+
+    def undrop(self, old: np.ndarray, mark: int) -> None:
+        """Undo :meth:`admit_one`'s drop of ``old`` (its steps were not written after all).
+
+        Nothing took a slot since: the slots ``old`` freed are the free stack above ``mark``.
+        """
+        back = self._free[mark : self._nfree]
+        if self.codec is not None:
+            self._live_bytes += int(self._lengths[back].sum())
+        self._nfree = mark
+        self.acquire(old)
 
     def release(self, refs: np.ndarray) -> None:
         """Drop one reference per entry; slots left with none are free (data kept until reused)."""
@@ -309,7 +362,7 @@ class FramePool:
 
     def close(self) -> None:
         """Release the arrays (and the files that hold them)."""
-        self._frames = self._rows = None
+        self._frames = self._rows = self._words = None
         self._log = zeros(0)
         self._memory.close()
 
@@ -319,7 +372,7 @@ class FramePool:
         high = self._high
         state["_slots"] = self.slots
         state["_memory"] = self._memory.for_copy()
-        state["_rows"] = None
+        state["_rows"] = state["_words"] = None
         if self._frames is not None:
             state["_frames"] = self._frames[:high].detach().cpu().numpy().copy()
         state["_log"] = self._log[: self._head].copy()
@@ -351,6 +404,7 @@ class FramePool:
         if frames.is_cpu:
             rows = frames.view(torch.uint8).view(frames.shape[0], self.frame_bytes).numpy()
         self._rows = rows
+        self._words = None if rows is None else rows.view(self.word)
 
     def _grow(self, needed: int) -> None:
         """At least ``needed`` slots (x1.25 at least): counts, free list and frames kept."""

@@ -24,88 +24,17 @@ from __future__ import annotations
 
 from typing import Any
 
-import numba
 import numpy as np
 
+from rbdata.storages.frames._kernels import plan
 from rbdata.storages.frames._pool import FramePool
 
-__all__ = ["TRACKED", "StreamTracker", "plan"]
+__all__ = ["TRACKED", "StreamTracker"]
 
 _NONE = np.zeros(0, np.int64)
 
 #: Env streams followed across writes (positions of a batched write; SB3's ``n_envs``).
 TRACKED = 64
-
-
-@numba.njit(nogil=True, cache=True, inline="always")
-def _same(a: Any, b: Any) -> bool:
-    """Whether two frames (1-D word arrays) are equal.
-
-    Blocks of 64 words are OR-reduced (a fixed-length loop the compiler vectorises, ~3x a
-    word-by-word loop), leaving at the first block that differs.
-    """
-    n, i = a.shape[0], 0
-    while i + 64 <= n:
-        diff = a[i] ^ b[i]
-        for k in range(i + 1, i + 64):
-            diff |= a[k] ^ b[k]
-        if diff != 0:
-            return False
-        i += 64
-    while i < n and a[i] == b[i]:
-        i += 1
-    return i == n
-
-
-@numba.njit(nogil=True, cache=True)
-def _same_stack(a: Any, b: Any) -> bool:
-    n, k = a.shape[0], 0
-    while k < n and _same(a[k], b[k]):
-        k += 1
-    return k == n
-
-
-@numba.njit(nogil=True, cache=True)
-def plan(
-    obs: Any, nxt: Any, kept: Any, kept_refs: Any, n_kept: int, last: int, refs: Any, rows: Any
-) -> int:
-    """Fill ``refs`` ``[n, 2, S]``: a stored slot, or ``-1 - k`` for the ``k``-th new frame.
-
-    ``obs``, ``nxt``: ``[n, S, words]``; ``kept``/``kept_refs``: the tracker's stacks and their
-    slots, positions ``0..n_kept-1`` then, at ``last`` (``-1``: none), the last step's.
-    ``rows[k]`` gets the ``k``-th new frame (``[2 * n * S, words]``). Returns the count.
-    """
-    n, s = obs.shape[0], obs.shape[1]
-    new = 0
-    for j in range(n):
-        found = False
-        if j > 0 and _same_stack(obs[j], nxt[j - 1]):
-            refs[j, 0, :] = refs[j - 1, 1, :]
-            found = True
-        if not found and j < n_kept and _same_stack(obs[j], kept[j]):
-            refs[j, 0, :] = kept_refs[j]
-            found = True
-        if not found and j == 0 and last >= 0 and _same_stack(obs[0], kept[last]):
-            refs[0, 0, :] = kept_refs[last]
-            found = True
-        if not found:
-            for k in range(s):
-                if k > 0 and _same(obs[j, k], obs[j, k - 1]):
-                    refs[j, 0, k] = refs[j, 0, k - 1]
-                else:
-                    refs[j, 0, k] = -1 - new
-                    rows[new] = obs[j, k]
-                    new += 1
-        for k in range(s):
-            if k + 1 < s and _same(nxt[j, k], obs[j, k + 1]):
-                refs[j, 1, k] = refs[j, 0, k + 1]
-            elif k > 0 and _same(nxt[j, k], nxt[j, k - 1]):
-                refs[j, 1, k] = refs[j, 1, k - 1]
-            else:
-                refs[j, 1, k] = -1 - new
-                rows[new] = nxt[j, k]
-                new += 1
-    return new
 
 
 class StreamTracker:
@@ -129,7 +58,7 @@ class StreamTracker:
         return self.refs[:rows]
 
     def plan(self, obs: np.ndarray, nxt: np.ndarray, refs: np.ndarray) -> np.ndarray:
-        """Plan a write (see :func:`plan`): the new frames, as ``uint8`` rows."""
+        """Plan a write (see ``_kernels.plan``): the new frames, as ``uint8`` rows."""
         rows = np.empty((refs.size, obs.shape[2]), obs.dtype)
         count = plan(obs, nxt, self.data, self.refs, self.count, self.last, refs, rows)
         return rows[:count].view(np.uint8)
@@ -156,6 +85,11 @@ class StreamTracker:
             self.last = count
         pool.acquire(self.pinned())
         pool.release(old)
+
+    def kept_one(self) -> None:
+        """One step's next observation was kept at position 0 (``FramePool.admit_one``)."""
+        self.count = 1
+        self.last = -1
 
     def forget(self, pool: FramePool | None) -> None:
         """Drop every kept stack (and, with ``pool``, their references)."""

@@ -26,6 +26,7 @@ from rbdata.storages.frames._streams import StreamTracker
 __all__ = ["FrameWriter"]
 
 _NONE = np.zeros(0, np.int64)
+_NONE32 = np.zeros(0, np.int32)
 
 
 class FrameWriter:
@@ -43,8 +44,10 @@ class FrameWriter:
         self.tracker = tracker
         self.stack = stack
         self._steps = steps
-        frame_bytes = pool.frame_bytes
-        self.word: Any = np.uint64 if frame_bytes % 8 == 0 else np.uint8
+        self.word: Any = pool.word
+        words = pool.frame_bytes // np.dtype(pool.word).itemsize
+        self._scratch = np.empty((2 * stack, words), pool.word)  # admit_one's new frames
+        self._mark = 0  # the pool's free-stack mark of the last admit_one (see undrop)
         self._refs_cache: tuple[torch.Tensor, int, np.ndarray] | None = None
 
     def words(self, data: Any, n: int) -> np.ndarray:
@@ -52,10 +55,37 @@ class FrameWriter:
 
         A view where the data is contiguous on the CPU, else a copy.
         """
+        if type(data) is np.ndarray and data.flags.c_contiguous:  # an env's own array
+            return data.reshape(n, self.stack, -1).view(self.word)
         if isinstance(data, torch.Tensor):
             data = data.detach().contiguous().view(torch.uint8).numpy()
         arr = np.ascontiguousarray(data).view(np.uint8).reshape(n, self.stack, -1)
         return arr.view(self.word)
+
+    def admit_one(self, obs: np.ndarray, nxt: np.ndarray, old: np.ndarray) -> np.ndarray | None:
+        """:meth:`admit` and :meth:`release` of one step of one stream in one kernel call.
+
+        Returns the step's refs ``[1, 2, S]``, its frames stored and ``old`` (the refs of the
+        step it overwrites, from :meth:`old_ref`) already dropped: if the step is then not
+        written, :meth:`undrop` takes them back. ``None`` (nothing changed) where the kernel
+        does not apply: more than one stream followed, device frames, zstd, a pool that must
+        grow. Then :meth:`admit` does it, and :meth:`release` follows the steps' write.
+        """
+        tracker = self.tracker
+        if tracker.count > 1 or tracker.last >= 0:
+            return None
+        refs = np.empty((1, 2, self.stack), np.int64)
+        kept, kept_refs, scratch = tracker.data, tracker.refs, self._scratch
+        mark = self.pool.admit_one((obs, nxt, refs, old), kept, kept_refs, tracker.count, scratch)
+        if mark < 0:
+            return None
+        self._mark = mark
+        tracker.kept_one()
+        return refs
+
+    def undrop(self, old: np.ndarray) -> None:
+        """Take back the references :meth:`admit_one` dropped (its step was not written)."""
+        self.pool.undrop(old, self._mark)
 
     def admit(self, obs: np.ndarray, nxt: np.ndarray, slots: np.ndarray | None = None) -> Any:
         """Store a write's new frames and take references: its refs ``[n, 2, stack]`` int64.
@@ -96,8 +126,8 @@ class FrameWriter:
         return self._rows()[live].astype(np.int64)
 
     def old_ref(self, slot: int, length: int) -> np.ndarray:
-        """:meth:`old_refs` of one slot of CPU steps (the per-step path)."""
-        return self._rows()[slot].copy() if slot < length else _NONE
+        """:meth:`old_refs` of one slot of CPU steps (the per-step path), 1-D int32."""
+        return self._rows()[slot].flatten() if slot < length else _NONE32  # a copy
 
     def _rows(self) -> np.ndarray:
         """The CPU steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view).

@@ -209,10 +209,8 @@ class FrameStackStorage(FramePersistence):
         if self._files is not None:  # frames.json names the layout before any frame file
             self._files.fix_layout(layout)
         self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, self._files)
-        frame_bytes = self._pool.frame_bytes
-        words = frame_bytes // 8 if frame_bytes % 8 == 0 else frame_bytes
-        word = np.uint64 if frame_bytes % 8 == 0 else np.uint8
-        self._tracker = StreamTracker(self._stack, words, word)
+        word = self._pool.word
+        self._tracker = StreamTracker(self._stack, self._pool.frame_bytes // word().itemsize, word)
         self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
         self._bind_fast(layout)
 
@@ -279,24 +277,39 @@ class FrameStackStorage(FramePersistence):
             return False
         if check is not None:
             check(slot, item)
-        return self.write_row(slot, values)
+        return self._put_row(slot, values)
 
     def write_row(self, slot: int, values: list[Any]) -> bool:
         """Write one checked step (numpy leaves in layout order) at ``slot``; ``False``: not now."""
-        writer = self._writer
-        if writer is None or not self._rows_ok():
+        if self._writer is None or not self._rows_ok():
             return False
+        return self._put_row(slot, values)
+
+    def _put_row(self, slot: int, values: list[Any]) -> bool:
+        """:meth:`write_row` once :meth:`_rows_ok` said yes."""
+        writer = self._writer
+        assert writer is not None
         obs_at, next_at, others = self._places
         obs, nxt = writer.words(values[obs_at], 1), writer.words(values[next_at], 1)
         old = writer.old_ref(slot, self._length)
-        refs = writer.admit(obs, nxt)
+        refs = writer.admit_one(obs, nxt, old)  # old dropped too (undone if the write fails)
+        late = None
+        if refs is None:
+            refs, late = writer.admit(obs, nxt), old
         rows = [values[i] for i in others]
         rows.append(refs[0])  # cast to int32 by the row assignment
-        if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
-            payload = [torch.as_tensor(np.asarray(r)) for r in rows]
-            payload[-1] = payload[-1].to(torch.int32)
-            self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
-        writer.release(old)  # after the steps: a freed frame is never reused by this write
+        try:
+            if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
+                payload = [torch.as_tensor(np.asarray(r)) for r in rows]
+                payload[-1] = payload[-1].to(torch.int32)
+                self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
+        except BaseException:  # the step was not written: the old one keeps its frames
+            if late is None:
+                writer.undrop(old)
+            writer.release(refs)
+            raise
+        if late is not None:
+            writer.release(late)  # after the steps: a freed frame is never reused by this write
         top = slot + 1
         if top > self._length:
             self._length = top
