@@ -4,14 +4,21 @@ from __future__ import annotations
 
 import inspect
 import os
-from collections.abc import Callable, Iterator
-from typing import TYPE_CHECKING, Any
+from collections.abc import Callable, Iterator, Mapping
+from types import TracebackType
+from typing import TYPE_CHECKING, Any, NoReturn
 
 import torch
+from tensordict import TensorDictBase
 
-from rbdata import _buffer_access, _buffer_checkpoint, _buffer_sync, checkpoint
+from rbdata import checkpoint
 from rbdata._index import as_index_tensor
-from rbdata._torchrl_names import BUFFER_KEYWORDS, torchrl_keywords
+from rbdata._torchrl_names import (
+    BUFFER_ATTRIBUTES,
+    BUFFER_KEYWORDS,
+    torchrl_attribute_error,
+    torchrl_keywords,
+)
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size
 from rbdata.samplers.uniform import UniformSampler
@@ -19,7 +26,61 @@ from rbdata.storages.base import Storage
 from rbdata.writers.base import Writer
 from rbdata.writers.round_robin import RoundRobinWriter
 
-__all__ = ["ReplayBuffer", "apply_transform"]
+__all__ = ["ClosedStorage", "ReplayBuffer", "apply_transform", "priority_of_batch"]
+
+
+_CLOSED = "the buffer is closed (ReplayBuffer.close() was called)"
+
+
+class ClosedStorage:
+    """What ``rb.storage`` is once the buffer is closed: every use raises ``ValueError``.
+
+    Every path of the buffer (``add``, ``extend``, ``sample``, ``len``, iteration,
+    ``rb[index]``, checkpoints) reaches its storage first, so a closed buffer says so there,
+    at no cost to an open one.
+    """
+
+    def __getattr__(self, name: str) -> NoReturn:
+        raise ValueError(_CLOSED)
+
+    def __len__(self) -> int:
+        raise ValueError(_CLOSED)
+
+    def __getitem__(self, index: Any) -> NoReturn:
+        raise ValueError(_CLOSED)
+
+    def __repr__(self) -> str:
+        return "<closed>"
+
+
+def priority_of_batch(batch: Any, priority_key: Any) -> tuple[Any, Any]:
+    """``(batch["index"], batch[priority_key])`` of a sampled TensorDict (or dict) batch.
+
+    Raises:
+        TypeError: ``batch`` is no TensorDict or dict (a plain tensor has no index: sample
+            with ``return_info=True``).
+        ValueError: an entry is missing; the message names it.
+    """
+    if not isinstance(batch, (TensorDictBase, Mapping)):
+        raise TypeError(
+            f"update_priority(index, priority): priority is missing, and a "
+            f"{type(batch).__name__} carries no index to update; plain-tensor batches have "
+            "no 'index' entry: draw them with `batch, info = rb.sample(return_info=True)` "
+            "and call rb.update_priority(info['index'], priority)"
+        )
+    found = []
+    for key, role in (("index", "the slots ('index', as sampled)"), (priority_key, None)):
+        value: Any = batch
+        for part in (key,) if isinstance(key, str) else key:
+            if not isinstance(value, (TensorDictBase, Mapping)) or part not in value.keys():
+                what = role or f"the priorities (the buffer's priority_key {key!r})"
+                raise ValueError(
+                    f"update_priority(batch): the batch has no {key!r} entry for {what}; "
+                    "set ReplayBuffer(priority_key=...) or call update_priority(index, priority)"
+                )
+            value = value[part]
+        found.append(value.detach() if isinstance(value, torch.Tensor) else value)
+    return found[0], found[1]
 
 
 def apply_transform(transform: Callable[[Any], Any], batch: Any) -> Any:
@@ -134,19 +195,125 @@ class ReplayBuffer:
             self._sync()
         return len(self.storage)
 
-    # --- writes by other processes: rbdata/_buffer_sync.py (bound here, as fast as a def) ---
-    _sync = _buffer_sync.sync
-    _after_write = _buffer_sync.after_write
+    # --- writes by other processes ---------------------------------------------------------
+    def _sync(self) -> None:
+        """Hand the items other processes wrote since the last look to the sampler.
 
-    # --- rb[index], write_count, close / with: rbdata/_buffer_access.py ----------------------
-    __getitem__ = _buffer_access.getitem
-    write_count = property(_buffer_access.write_count)
-    closed = property(_buffer_access.closed)
-    close = _buffer_access.close
-    __enter__ = _buffer_access.enter
-    __exit__ = _buffer_access.exit
+        A storage shared between processes (a ``MemmapStorage`` other processes write)
+        counts every commit in ``write_count``; the buffer remembers the last count it saw.
+        When it moved, the new slots are the ``d`` slots of the ring that end at the shared
+        ``next_slot`` (read together under the write lock, so they agree), or every slot if
+        ``d`` is at least the capacity. The sampler's ``on_write`` gets them (the data is
+        read only for samplers that index it, e.g. the slice sampler's end flags), so they
+        become sampleable with the default priority.
+        """
+        storage, seen = self.storage, self._seen
+        if seen is None or storage.write_count == seen:
+            return
+        if not storage.shared:  # writes of this process bypassing the buffer (storage.set)
+            self._seen, self._own_seen = storage.write_count, storage.own_writes
+            return
+        with storage.write_lock():
+            count, end, own = storage.write_count, storage.next_slot, storage.own_writes
+        if count is not None:
+            # this process's own writes that bypassed the buffer (storage.set) are not
+            # other processes' items: the sampler is not told of them (as when unshared)
+            self._catch_up(count - seen - (own - self._own_seen), end)
+            self._seen, self._own_seen = count, own
+
+    def _catch_up(self, d: int, end: int) -> None:
+        """The ``d`` items of other processes whose writes ended at slot ``end``."""
+        storage, capacity = self.storage, self.storage.capacity
+        n = len(storage)
+        if d <= 0 or n == 0:
+            return
+        if d >= min(capacity, n):
+            slots = torch.arange(n) if n < capacity else (torch.arange(n) + end) % capacity
+        else:
+            slots = torch.arange(end - d, end).remainder_(capacity)
+        data = storage.__getitems__(slots) if self._wants_data else None
+        self.sampler.on_write(slots, data)
+
+    def _after_write(self, first: int) -> None:
+        """After a write of this process at slot ``first``: other writes just before it?"""
+        storage = self.storage
+        before, after = storage.last_write
+        seen = self._seen
+        if seen is None or after == seen:
+            return
+        own = storage.own_writes
+        if before != seen and storage.shared:  # own bypassing writes are no one else's
+            self._catch_up(before - seen - (own - (after - before) - self._own_seen), first)
+        self._seen, self._own_seen = after, own
+
+    # --- rb[index], write_count, close / with, torchrl's names -------------------------------
+    def __getitem__(self, index: Any) -> Any:
+        """``rb[index]``: the items at ``index`` as the storage gathers them, then the transform.
+
+        ``index`` is anything ``storage[index]`` takes (an int, indices, a slice...): an int
+        gives one item, anything else a batch (without an ``"index"`` entry: that is
+        ``sample``'s).
+        """
+        batch = self.storage[index]
+        transform = self.transform
+        return batch if transform is None else transform(batch)
+
+    @property
+    def write_count(self) -> int:
+        """Items written through this buffer by ``add`` and ``extend``, overwritten included.
+
+        torchrl's ``rb.write_count``. It starts at the number of items the storage holds when
+        the buffer is built or loaded, and :meth:`empty` sets it to 0. Items a writer drops
+        (:class:`~rbdata.writers.MaxValueWriter`) are not counted.
+        """
+        return self._written
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return isinstance(self.storage, ClosedStorage)
+
+    def close(self) -> None:
+        """Close the storage (if it has ``close()``: memmap and Arrow storages) and the buffer.
+
+        Idempotent. Afterwards every use of the buffer (``add``, ``extend``, ``sample``,
+        ``len``, iteration, ``rb[index]``, ``dumps``) raises ``ValueError``; a storage on disk
+        with an explicit ``path`` can be reopened (``MemmapStorage.open(path)``). ``with
+        ReplayBuffer(...) as rb:`` closes on leaving the block.
+        """
+        storage = self.storage
+        if isinstance(storage, ClosedStorage):
+            return
+        close_storage = getattr(storage, "close", None)
+        if callable(close_storage):
+            close_storage()
+        self.storage = ClosedStorage()  # type: ignore[assignment]
+        self._trusted = False  # sample() then asks the storage first, not the sampler
+
+    def _check_open(self) -> None:
+        """``ValueError`` if the buffer is closed (for paths that do not read the storage)."""
+        if isinstance(self.storage, ClosedStorage):
+            raise ValueError(_CLOSED)
+
+    def __enter__(self) -> ReplayBuffer:
+        """``with ReplayBuffer(...) as rb:`` gives the buffer; leaving the block closes it."""
+        self._check_open()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        traceback: TracebackType | None,
+    ) -> None:
+        """Close the buffer on leaving a ``with`` block (:meth:`close`)."""
+        self.close()
+
     if not TYPE_CHECKING:  # torchrl's names: errors that name ours (unseen by type checkers)
-        __getattr__ = _buffer_access.missing_attribute
+
+        def __getattr__(self, name: str) -> NoReturn:
+            """``rb.<torchrl name>``: an ``AttributeError`` that names rbdata's spelling."""
+            raise torchrl_attribute_error(self, name, BUFFER_ATTRIBUTES)
 
     def __repr__(self) -> str:
         return (
@@ -213,7 +380,7 @@ class ReplayBuffer:
                 f"{type(self.sampler).__name__} has no priorities: use a PrioritizedSampler"
             )
         if priority is None:
-            index, priority = _buffer_access.priority_of_batch(index, self.priority_key)
+            index, priority = priority_of_batch(index, self.priority_key)
         update(index, priority)
 
     def _batch_size(self, batch_size: int | None) -> int:
@@ -277,7 +444,7 @@ class ReplayBuffer:
 
     # --- checkpoints ------------------------------------------------------------------------
     def _components(self) -> tuple[Storage, Sampler, Writer, int | None]:
-        _buffer_access.check_open(self)
+        self._check_open()
         if not isinstance(self.sampler, Sampler):
             raise TypeError(
                 f"cannot checkpoint the sampler {type(self.sampler).__name__}: checkpoints "
@@ -285,11 +452,75 @@ class ReplayBuffer:
             )
         return self.storage, self.sampler, self.writer, self.batch_size
 
-    # --- dumps, load, state_dict, load_state_dict: rbdata/_buffer_checkpoint.py -----------
-    dumps = _buffer_checkpoint.dumps
-    load = _buffer_checkpoint.load
-    state_dict = _buffer_checkpoint.state_dict
-    load_state_dict = _buffer_checkpoint.load_state_dict
+    # --- dumps, load, state_dict, load_state_dict ------------------------------------------
+    def dumps(self, path: str | os.PathLike[str], *, fsync: bool = True) -> None:
+        """Write the whole buffer to directory ``path``, atomically and without pickle.
+
+        The storage's items (raw memory-mapped arrays, or Arrow IPC files), the sampler's
+        state (priority trees as raw arrays, generator state), the writer's state and the
+        batch size are saved; the transform is not. A previous checkpoint at ``path`` stays
+        live until the new one is complete, then is replaced in one atomic step: a process
+        killed at any moment leaves one complete checkpoint. See ``docs/checkpoints.md``.
+
+        Args:
+            path: the checkpoint directory (created if needed).
+            fsync: fsync every file and directory before the switch (default), so the
+                checkpoint also survives a power loss. ``False`` does not wait for the disk
+                writeback (for 1M transitions that wait is longer than writing the files)
+                and keeps the guarantee for a killed process, not for a machine that loses
+                power.
+
+        Raises:
+            TypeError: if a component cannot be saved without pickle (e.g. a
+                :class:`~rbdata.storages.ListStorage` item of another type); nothing is
+                written then.
+            FileExistsError: if ``path`` holds files that are not a checkpoint's.
+        """
+        checkpoint.dump(*self._components(), path, fsync=fsync)
+
+    def load(self, path: str | os.PathLike[str], *, verify: bool = False) -> None:
+        """Load checkpoint ``path`` into this buffer (its components must match).
+
+        The storage, sampler and writer classes and their configuration (capacity, priority
+        exponents...) must equal the checkpoint's; the items are copied into this buffer's
+        own storage. ``batch_size`` and ``transform`` are kept. ``rb.loads(path)`` does the
+        same and returns ``rb``.
+
+        Args:
+            path: a directory written by :meth:`dumps`.
+            verify: check every file against its recorded CRC-32 first (see :meth:`loads`).
+
+        Raises:
+            ValueError: if the components differ (nothing is changed then).
+            rbdata.errors.CheckpointError: for a missing, tampered or foreign checkpoint.
+        """
+        self.load_components(checkpoint.load(path, verify=verify), str(path))
+
+    def state_dict(self) -> dict[str, Any]:
+        """The whole buffer as a dict for ``torch.save`` (small buffers).
+
+        It holds tensors and plain values only: ``torch.load(..., weights_only=True)``
+        reads it back. For large buffers prefer :meth:`dumps`, which writes whole arrays and
+        loads lazily.
+        """
+        return checkpoint.state_dict(*self._components())
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Restore a :meth:`state_dict` into this buffer (same component checks as :meth:`load`)."""
+        self.load_components(checkpoint.from_state_dict(state), "state")
+
+    def load_components(self, parts: checkpoint.Components, source: str = "checkpoint") -> None:
+        """Take the contents of loaded components (``rbdata.checkpoint.load``'s result).
+
+        They must match this buffer's storage, sampler and writer (classes and
+        configuration): ``ValueError`` (naming ``source`` and what differs) leaves the buffer
+        as it was. What :meth:`load` and :meth:`load_state_dict` do once they have read the
+        checkpoint; a mixture's checkpoint loads its buffers through it.
+        """
+        checkpoint.load_into(parts, *self._components()[:3], source)
+        if self._seen is not None:  # the copied items are not other processes' writes
+            self._seen, self._own_seen = self.storage.write_count, self.storage.own_writes
+        self._written = len(self.storage)
 
     def _loads_into(
         self,

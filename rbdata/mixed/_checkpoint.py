@@ -19,7 +19,6 @@ from typing import Any, TypeVar
 
 from rbdata import checkpoint
 from rbdata._atomic import fsync_dir, new_staging, publish, read_live
-from rbdata._buffer_checkpoint import adopt
 from rbdata.checkpoint.states import class_name, read_state, write_state
 from rbdata.datasets.base import OfflineDataset
 from rbdata.errors import CheckpointError
@@ -194,7 +193,7 @@ def load_into(mixed: Any, path: Any, verify: bool = False) -> None:
             if s.kind == DATASET:
                 s.sampler.load_state_dict(state["samplers"][s.name]["state"])
             elif s.kind == BUFFER:
-                adopt(s.obj, parts[s.name], str(live))  # what s.obj.load(directory) does
+                s.obj.load_components(parts[s.name], str(live))  # what s.obj.load(directory) does
             else:
                 loaded = parts[s.name]
                 checkpoint.load_into(loaded, s.storage, s.sampler, ImmutableWriter(), str(live))
