@@ -250,6 +250,31 @@ def test_per_step_adds_that_outgrow_the_pool_stay_exact(codec) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS)
+def test_per_step_adds_of_any_array_kind_read_back_exact(codec) -> None:
+    """Numpy (C or Fortran order, float frames) and torch stacks take the per-step path alike."""
+    data = rollout(120, 1, frame=(6, 5), seed=4, zero_pad=False)
+    for dtype in (torch.uint8, torch.float32):
+        storage, ref = FrameStackStorage(50, 4, codec=codec), TensorStorage(50)
+        rb, rb_ref = ReplayBuffer(storage), ReplayBuffer(ref)
+        for t in range(len(data)):
+            obs, nxt = data[t]["observation"].to(dtype), data[t]["next", "observation"].to(dtype)
+            kind = t % 3
+            if kind == 0:
+                item = {"observation": obs.numpy(), "next": {"observation": nxt.numpy()}}
+            elif kind == 1:  # not C-contiguous
+                item = {
+                    "observation": np.asfortranarray(obs.numpy()),
+                    "next": {"observation": np.asfortranarray(nxt.numpy())},
+                }
+            else:
+                item = {"observation": obs, "next": {"observation": nxt}}
+            rb.add(item)
+            rb_ref.add({"observation": obs, "next": {"observation": nxt}})
+        assert_same(storage, ref)
+        assert_no_leak(storage)
+
+
+@pytest.mark.parametrize("codec", CODECS)
 def test_a_step_whose_write_fails_keeps_the_step_it_would_overwrite(codec) -> None:
     """The per-step kernel drops the overwritten step's frames; a failed write takes them back."""
     capacity = 40

@@ -160,18 +160,17 @@ def _drop(count: Any, free: Any, nfree: int, refs: Any, n: int, table: Any, live
 
 
 @numba.njit(nogil=True, cache=True)
-def _finish(step: Any, fresh: Any, count: Any, free: Any, nfree: int, kept: Any, kept_refs: Any,
-            kept_count: int, table: Any, live: int) -> Any:  # fmt: skip
+def _finish(nxt: Any, refs: Any, old: Any, fresh: Any, count: Any, free: Any, nfree: int,
+            kept: Any, kept_refs: Any, kept_count: int, table: Any, live: int) -> Any:  # fmt: skip
     """Take the step's references, pin its next observation, drop the overwritten step's.
 
-    ``step``: ``(obs, nxt, refs, old)`` (see :func:`admit_raw`). ``refs``'
-    placeholders are resolved; ``kept[0]`` becomes the next observation, pinned before the pin
-    it replaces is dropped (``StreamTracker.keep``'s per-step case); the refs in ``old``
-    are dropped last, so none of this step's slots was one they free. ``table``
-    (``[slots, 2]``, empty for raw frames): a freed slot's blob leaves ``live``. Returns
-    ``(mark, nfree, live)``: ``nfree`` before ``old`` was dropped, for ``FramePool.undrop``.
+    ``nxt`` (``[1, S, words]``), ``refs``, ``old``: the step's (see :func:`admit_raw`). ``refs``'
+    placeholders are resolved; ``kept[0]`` becomes the next observation, pinned before the pin it
+    replaces is dropped (``StreamTracker.keep``'s per-step case); the refs in ``old`` are dropped
+    last, so none of this step's slots was one they free. ``table`` (``[slots, 2]``, empty for raw
+    frames): a freed slot's blob leaves ``live``. Returns ``(mark, nfree, live)``: ``nfree`` before
+    ``old`` was dropped, for ``FramePool.undrop``.
     """
-    nxt, refs, old = step[1], step[2], step[3]
     flat = refs.reshape(-1)
     for i in range(flat.shape[0]):
         r = flat[i]
@@ -191,18 +190,28 @@ def _finish(step: Any, fresh: Any, count: Any, free: Any, nfree: int, kept: Any,
     return mark, nfree, live
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _words(step: Any, kept: Any) -> Any:
+    """``step`` with its stacks as ``[1, S, words]`` views of ``kept``'s word."""
+    s = kept.shape[1]
+    obs = step[0].reshape((1, s, -1)).view(kept.dtype)
+    nxt = step[1].reshape((1, s, -1)).view(kept.dtype)
+    return obs, nxt, step[2], step[3]
+
+
 @numba.njit(nogil=True, cache=True)
 def admit_raw(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, count: Any,
               free: Any, nfree: int, high: int, frames: Any) -> Any:  # fmt: skip
     """One step of one stream, raw frames: ``(new frames, mark, nfree, high)``.
 
-    ``step``: ``(obs, nxt, refs, old)``: the stacks ``[1, S, words]``, the step's refs
+    ``step``: ``(obs, nxt, refs, old)``: the stacks (C-contiguous ``[S, *frame]`` arrays
+    of any dtype, read as ``[1, S, words]`` of ``kept``'s word), the step's refs
     ``[1, 2, S]`` (filled here), and the refs of the step it overwrites (1-D, dropped last).
     ``kept``/``kept_refs``/``kept_count``: the tracker's (one stream, no last step); ``rows``
     ``[2 * S, words]`` scratch; ``frames`` ``[slots, words]`` the pool's. ``new == -1``:
     nothing changed (the pool must grow first: the general path does it).
     """
-    obs, nxt, refs = step[0], step[1], step[2]
+    obs, nxt, refs, old = _words(step, kept)
     new = plan(obs, nxt, kept, kept_refs, kept_count, -1, refs, rows)
     if not _room(count, nfree, high, new):
         return -1, nfree, nfree, high
@@ -212,8 +221,8 @@ def admit_raw(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, 
         fresh[k] = slot
         frames[slot] = rows[k]
     table = np.empty((0, 2), np.int64)
-    mark, nfree, _ = _finish(step, fresh, count, free, nfree, kept, kept_refs, kept_count,
-                             table, 0)  # fmt: skip
+    mark, nfree, _ = _finish(nxt, refs, old, fresh, count, free, nfree, kept, kept_refs,
+                             kept_count, table, 0)  # fmt: skip
     return new, mark, nfree, high
 
 
@@ -238,7 +247,7 @@ def _build_admit(compress: Any) -> Callable[..., Any]:
     def admit(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, count: Any,
               free: Any, nfree: int, high: int, log: Any, table: Any, head: int,
               live: int) -> Any:  # fmt: skip
-        obs, nxt, refs = step[0], step[1], step[2]
+        obs, nxt, refs, old = _words(step, kept)
         new = plan(obs, nxt, kept, kept_refs, kept_count, -1, refs, rows)
         size = rows.shape[1] * rows.itemsize
         bound = size + size // 255 + 16  # LZ4_compressBound
@@ -254,7 +263,7 @@ def _build_admit(compress: Any) -> Callable[..., Any]:
             table[slot, 1] = n
             head += n
             live += n
-        mark, nfree, live = _finish(step, fresh, count, free, nfree, kept, kept_refs,
+        mark, nfree, live = _finish(nxt, refs, old, fresh, count, free, nfree, kept, kept_refs,
                                     kept_count, table, live)  # fmt: skip
         return new, mark, nfree, high, head, live
 

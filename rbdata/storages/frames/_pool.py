@@ -158,14 +158,14 @@ class FramePool:
     ) -> int:
         """The frames side of one step of one stream, in one kernel call (CPU frames).
 
-        ``step``: ``(obs, nxt, refs, old)``: the stacks ``[1, S, words]`` (of :attr:`word`),
-        the step's refs ``[1, 2, S]`` (filled here) and the refs (1-D) of the stored step it
-        overwrites. ``kept``, ``kept_refs``, ``kept_count``: a ``StreamTracker``'s arrays,
-        with one stream and no last step; ``rows`` ``[2 * S, words]`` scratch. Plans the step,
-        stores its new frames, takes the references of ``refs``, pins the next observation as
-        the tracker's stream 0, then drops ``old`` (after taking slots: a slot it frees is
-        never one of this step's). Returns the free-stack mark :meth:`undrop` takes, or ``-1``
-        (nothing changed): not here (device frames, a codec without a C compressor, no room
+        ``step``: ``(obs, nxt, refs, old)``: the stacks (C-contiguous ``[S, *frame]`` or ``[1, S,
+        words]`` of :attr:`word`), the step's refs ``[1, 2, S]`` (filled here) and the refs (1-D) of
+        the stored step it overwrites. ``kept``, ``kept_refs``, ``kept_count``: a
+        ``StreamTracker``'s arrays, with one stream and no last step; ``rows`` ``[2 * S, words]``
+        scratch. Plans the step, stores its new frames, takes the references of ``refs``, pins the
+        next observation as the tracker's stream 0, then drops ``old`` (after taking slots: a slot
+        it frees is never one of this step's). Returns the free-stack mark :meth:`undrop` takes, or
+        ``-1`` (nothing changed): not here (device frames, a codec without a C compressor, no room
         without growing), take the general path.
         """
         args = (step, kept, kept_refs, kept_count, rows, self._count, self._free)

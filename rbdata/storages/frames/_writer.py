@@ -62,18 +62,23 @@ class FrameWriter:
         arr = np.ascontiguousarray(data).view(np.uint8).reshape(n, self.stack, -1)
         return arr.view(self.word)
 
-    def admit_one(self, obs: np.ndarray, nxt: np.ndarray, old: np.ndarray) -> np.ndarray | None:
+    def admit_one(self, obs: Any, nxt: Any, old: np.ndarray) -> np.ndarray | None:
         """:meth:`admit` and :meth:`release` of one step of one stream in one kernel call.
 
-        Returns the step's refs ``[1, 2, S]``, its frames stored and ``old`` (the refs of the
-        step it overwrites, from :meth:`old_ref`) already dropped: if the step is then not
-        written, :meth:`undrop` takes them back. ``None`` (nothing changed) where the kernel
-        does not apply: more than one stream followed, device frames, zstd, a pool that must
-        grow. Then :meth:`admit` does it, and :meth:`release` follows the steps' write.
+        ``obs``, ``nxt``: the step's stacks ``[S, *frame]`` (numpy arrays or tensors). Returns the
+        step's refs ``[1, 2, S]``, its frames stored and ``old`` (the refs of the step it
+        overwrites, from :meth:`old_ref`) already dropped: if the step is then not written,
+        :meth:`undrop` takes them back. ``None`` (nothing changed) where the kernel does not apply:
+        more than one stream followed, device frames, zstd, a pool that must grow. Then
+        :meth:`admit` does it, and :meth:`release` follows the steps' write.
         """
         tracker = self.tracker
         if tracker.count > 1 or tracker.last >= 0:
             return None
+        if not (type(obs) is np.ndarray and obs.flags.c_contiguous):
+            obs = self.words(obs, 1)
+        if not (type(nxt) is np.ndarray and nxt.flags.c_contiguous):
+            nxt = self.words(nxt, 1)
         refs = np.empty((1, 2, self.stack), np.int64)
         kept, kept_refs, scratch = tracker.data, tracker.refs, self._scratch
         mark = self.pool.admit_one((obs, nxt, refs, old), kept, kept_refs, tracker.count, scratch)

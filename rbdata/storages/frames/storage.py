@@ -290,12 +290,12 @@ class FrameStackStorage(FramePersistence):
         writer = self._writer
         assert writer is not None
         obs_at, next_at, others = self._places
-        obs, nxt = writer.words(values[obs_at], 1), writer.words(values[next_at], 1)
+        obs, nxt = values[obs_at], values[next_at]
         old = writer.old_ref(slot, self._length)
         refs = writer.admit_one(obs, nxt, old)  # old dropped too (undone if the write fails)
         late = None
         if refs is None:
-            refs, late = writer.admit(obs, nxt), old
+            refs, late = writer.admit(writer.words(obs, 1), writer.words(nxt, 1)), old
         rows = [values[i] for i in others]
         rows.append(refs[0])  # cast to int32 by the row assignment
         try:
