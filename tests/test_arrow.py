@@ -134,7 +134,7 @@ def test_column_views_the_mapped_arrow_buffer() -> None:
     storage.set(slice(0, 10), batch_of(list(range(10))))
     storage.flush()
     for k, ids in enumerate([[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]):
-        batch = storage._chunks[k].batch  # type: ignore[union-attr]
+        batch = storage._cache.chunks[k].batch  # type: ignore[union-attr]
         assert batch.schema.names == COLUMNS
         for name in ("obs", "id"):
             column = storage.column(name, k)

@@ -22,7 +22,7 @@ from rbdata.storages import (
     TensorStorage,
     _collate,
 )
-from rbdata.storages.arrow import _gather as arrow_gather
+from rbdata.storages.arrow import _chunks as arrow_chunks
 
 
 class TestTensorStorage(StorageContract):
@@ -36,7 +36,7 @@ class TestMemmapStorage(StorageContract):
 
 
 class TestArrowStorage(StorageContract):
-    gather_function = (arrow_gather, "gather_rows")  # every fixed leaf in one kernel call
+    gather_function = (arrow_chunks, "gather_rows")  # every fixed leaf in one kernel call
     gather_per_leaf = False
 
     def make(self, capacity: int) -> Storage:

@@ -1,13 +1,16 @@
 """The Arrow storage: items as Arrow IPC chunks on disk, memory-mapped for reading.
 
-- :mod:`~rbdata.storages.arrow.storage`: :class:`ArrowStorage`, the map-style dataset;
-- ``_lifecycle``: opening, finalizing and closing the directory (metadata, dropped storages);
-- ``_chunks``: the chunk cache (open chunks in memory, sealing to files, mapped writes);
-- ``_gather``: the batch gather (one numba kernel over the chunks, ragged and string leaves);
-- ``_journal``: the write journal of a storage being filled;
-- ``_records``: the journal's records (a write as bytes, and back);
-- ``_items``: converting items (ragged leaves, strings) to and from Arrow arrays;
-- ``_checks``: the on-disk format checks (of ``open``, and of the persistence hooks);
+- :mod:`~rbdata.storages.arrow.storage`: :class:`ArrowStorage`, the map-style dataset, with
+  its lifecycle (opening, replaying the journal, the metadata, flushing a dropped storage);
+- ``_chunks``: :class:`ChunkCache`, the chunks of a storage (open chunks in memory, sealing to
+  files, mapped in-place writes) and the batch gather over them (one numba kernel);
+- ``_journal``: :class:`Journal`, the redo journal of a storage being filled (a write's
+  record as bytes, and back for the replay);
+- ``_items``: converting items (ragged leaves, strings) to and from Arrow arrays, and
+  :class:`Columns`, a layout's leaves as a chunk keeps them;
+- ``_checks``: the on-disk format (file names) and its checks (of ``open``, and of the
+  persistence hooks);
+- ``_writer``: the one writer's hold on a directory;
 - ``_persist``: the persistence hooks (checkpoint dump / restore, ``describe`` for
   ``rbdata inspect``, conversion).
 """

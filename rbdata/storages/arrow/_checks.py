@@ -6,12 +6,17 @@ every buffer (``RecordBatch.validate(full=True)``: sizes, offsets monotone and i
 UTF-8) and the addresses of the buffers the numba gather kernel and the zero-copy views read
 (inside the file's mapping, aligned, of the right size). A failed check is a ``ValueError``
 naming the file and what is wrong, never a signal in a later read.
+
+The names of the files are here too (:data:`META_FILE`, :func:`chunk_file`), and
+:func:`read_dir`, which checks a whole directory before :meth:`ArrowStorage.open` allocates
+anything.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -19,18 +24,29 @@ from typing import Any
 import numpy as np
 import torch
 
+from rbdata._files import check_dir, inside, open_nofollow
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
 
 __all__ = [
+    "FORMAT",
+    "MAX_META_BYTES",
+    "META_FILE",
+    "VERSION",
     "arrow_type",
+    "chunk_file",
     "check_batch",
     "check_meta",
     "check_ragged",
     "check_views",
     "parse_meta",
+    "read_dir",
 ]
 
-_MAX_META_BYTES = 1 << 24  # a metadata file is a few KiB; refuse to read a huge one
+#: the metadata file of an Arrow storage directory
+META_FILE = "_rbdata.json"
+FORMAT = "rbdata.arrow"
+VERSION = 1
+MAX_META_BYTES = 1 << 24  # a metadata file is a few KiB; refuse to read a huge one
 _MAX_CAPACITY = 1 << 48
 
 TORCH_TO_NUMPY = {
@@ -77,8 +93,8 @@ def check_ragged(ragged: Any) -> tuple[Key, ...]:
 
 def parse_meta(raw: bytes, meta_file: Path) -> Any:
     """JSON from ``raw`` bytes of ``meta_file``; ``ValueError`` for anything unreadable."""
-    if len(raw) > _MAX_META_BYTES:
-        raise ValueError(f"{meta_file}: over {_MAX_META_BYTES} bytes, too large for metadata")
+    if len(raw) > MAX_META_BYTES:
+        raise ValueError(f"{meta_file}: over {MAX_META_BYTES} bytes, too large for metadata")
     try:
         return json.loads(raw.decode("utf-8"))
     except (UnicodeDecodeError, ValueError, RecursionError) as err:
@@ -263,3 +279,40 @@ def check_views(
                 f"{file}: column {'.'.join(leaf.key) or 'data'!r}: its data buffer does not "
                 f"hold {rows} aligned rows inside the file"
             )
+
+
+def chunk_file(k: int) -> str:
+    """The file name of chunk ``k``."""
+    return f"chunk-{k:06d}.arrow"
+
+
+def read_dir(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], list[Path]]:
+    """The directory, its checked metadata and the chunk files that hold its rows.
+
+    Raises:
+        FileNotFoundError: if ``path`` or its metadata file does not exist.
+        ValueError: for a symlinked directory or file, corrupt metadata or a missing chunk.
+    """
+    root = Path(path)
+    if root.is_symlink() or root.is_dir():
+        check_dir(root, "ArrowStorage")
+    meta_file = inside(root, META_FILE, "metadata file")
+    if not meta_file.is_file():
+        raise FileNotFoundError(f"{str(root)!r} is not a ArrowStorage: no {META_FILE}")
+    with open_nofollow(meta_file, "rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
+            raise ValueError(f"{meta_file}: too large for a metadata file")
+        raw = f.read()
+    meta = check_meta(parse_meta(raw, meta_file), meta_file, FORMAT, VERSION)
+    length, cs = meta["length"], meta["chunk_size"]
+    needed = -(-length // cs)
+    # the metadata's sizes against the files present, before anything is allocated
+    present = sum(1 for e in os.scandir(root) if e.name.startswith("chunk-"))
+    files = []
+    for k in range(min(needed, present + 1)):
+        file = inside(root, chunk_file(k), "chunk file")
+        if not file.is_file():
+            expected = min(cs, length - k * cs)
+            raise ValueError(f"{file}: missing; the metadata says {expected} rows")
+        files.append(file)
+    return root, meta, files

@@ -15,12 +15,13 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from rbdata._layout import RAGGED, Key, Layout, Leaf, flatten, nest
+from rbdata._layout import RAGGED, TENSOR, Key, Layout, Leaf, flatten, nest
 from rbdata._layout_keys import key_name, non_tensor_value
 from rbdata._layout_values import EMPTY_BATCH, explain_items, to_tensor
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY
 
 __all__ = [
+    "Columns",
     "fixed_array",
     "fixed_arrays",
     "is_item_list",
@@ -110,6 +111,41 @@ def fixed_arrays(layout: Layout, fixed: list[int], payload: list[Any]) -> list[n
         payload[pos].detach().to(device="cpu", dtype=layout.leaves[pos].dtype).numpy()
         for pos in fixed
     ]
+
+
+class Columns:
+    """A layout's leaves split the way a chunk keeps them: fixed-shape, or variable-length.
+
+    Attributes:
+        layout: the storage's layout.
+        fixed: layout positions of the fixed-shape leaves (a numpy array per chunk each).
+        variable: layout positions of the string and ragged leaves (a list per chunk each).
+        specs: ``(shape, dtype)`` of each fixed-shape leaf.
+        row_bytes: the bytes of one row of each fixed-shape leaf (int64).
+    """
+
+    __slots__ = ("fixed", "layout", "row_bytes", "specs", "variable")
+
+    def __init__(self, layout: Layout) -> None:
+        leaves = layout.leaves
+        self.layout = layout
+        self.fixed = [i for i, leaf in enumerate(leaves) if leaf.kind == TENSOR]
+        self.variable = [i for i, leaf in enumerate(leaves) if leaf.kind != TENSOR]
+        self.specs = [(leaves[i].shape, leaves[i].dtype) for i in self.fixed]
+        self.row_bytes = np.array(
+            [leaves[i].numel * leaves[i].dtype.itemsize for i in self.fixed], dtype=np.int64
+        )
+
+    def fixed_arrays(self, payload: list[Any]) -> list[np.ndarray]:
+        """The fixed-shape leaves of a batched payload, as arrays."""
+        return fixed_arrays(self.layout, self.fixed, payload)
+
+    def batch_of_one(self, payload: list[Any]) -> list[Any]:
+        """An unbatched payload (one item) as a batched one of one row."""
+        return [
+            [v] if leaf.kind != TENSOR else torch.as_tensor(v).unsqueeze(0)
+            for leaf, v in zip(self.layout.leaves, payload, strict=True)
+        ]
 
 
 def variable_values(leaf: Leaf, values: list[Any]) -> list[Any]:

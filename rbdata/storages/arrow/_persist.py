@@ -12,9 +12,10 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
+from abc import abstractmethod
 from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -27,41 +28,24 @@ from rbdata._layout import TENSOR, Key, Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size
-from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_meta, parse_meta
-from rbdata.storages.arrow._chunks import chunk_file
+from rbdata.storages.arrow._checks import (
+    FORMAT,
+    MAX_META_BYTES,
+    META_FILE,
+    TORCH_TO_NUMPY,
+    VERSION,
+    check_meta,
+    chunk_file,
+    parse_meta,
+)
 from rbdata.storages.arrow._journal import JOURNAL_FILE
-from rbdata.storages.arrow._lifecycle import FORMAT, MAX_META_BYTES, META_FILE, VERSION
 from rbdata.storages.base import Codec, Storage
 
-if TYPE_CHECKING:
-    from rbdata.storages.arrow.storage import ArrowStorage
+__all__ = ["ArrowFiles"]
 
-__all__ = ["META_FILE", "ArrowFiles"]
+_A = TypeVar("_A", bound="ArrowFiles")
 
 _SLACK = 1 << 20  # schema, field metadata, footer and alignment of one chunk file
-
-
-def _files(storage: ArrowStorage) -> list[Path]:
-    """Flush ``storage``; return its metadata and chunk files (everything that holds data)."""
-    storage.flush()
-    return [
-        file
-        for file in sorted(storage.path.iterdir())
-        if file.name.startswith("chunk-") or file.name == META_FILE
-    ]
-
-
-def _own_copy(cls: type[ArrowStorage], fill: Callable[[Path], None]) -> ArrowStorage:
-    """Open an ArrowStorage in a new temporary directory of its own, filled by ``fill``."""
-    own = Path(tempfile.mkdtemp(prefix="rbdata-arrow-"))
-    try:
-        fill(own)
-        arrow = cls.open(own)
-    except BaseException:
-        shutil.rmtree(own, ignore_errors=True)
-        raise
-    arrow._finalizer = remove_with(arrow, own)
-    return arrow
 
 
 def _check_dumped(src: Path, config: dict[str, Any]) -> tuple[int, list[str]]:
@@ -135,6 +119,34 @@ class ArrowFiles(Storage):
     _finalizer: Any = None  # removes a temporary directory (see _files.storage_dir)
     chunk_size: int
     _ragged: tuple[Key, ...]
+    _path: Path
+
+    @classmethod
+    @abstractmethod
+    def open(cls: type[_A], path: str | os.PathLike[str], *, recover: bool = True) -> _A:
+        """Reopen a storage directory (:meth:`ArrowStorage.open`)."""
+
+    def _data_files(self) -> list[Path]:
+        """Flush; return the metadata and chunk files (everything that holds data)."""
+        self.flush()
+        return [
+            file
+            for file in sorted(self._path.iterdir())
+            if file.name.startswith("chunk-") or file.name == META_FILE
+        ]
+
+    @classmethod
+    def _own_copy(cls: type[_A], fill: Callable[[Path], None]) -> _A:
+        """Open a storage in a new temporary directory of its own, filled by ``fill``."""
+        own = Path(tempfile.mkdtemp(prefix="rbdata-arrow-"))
+        try:
+            fill(own)
+            arrow = cls.open(own)
+        except BaseException:
+            shutil.rmtree(own, ignore_errors=True)
+            raise
+        arrow._finalizer = remove_with(arrow, own)
+        return arrow
 
     def abort(self) -> None:
         """Give up a storage being filled: close it without a flush, keep its directory.
@@ -163,15 +175,18 @@ class ArrowFiles(Storage):
 
     @classmethod
     def empty_like(
-        cls, src: Storage, path: str | os.PathLike[str] | None = None, block_rows: int | None = None
-    ) -> ArrowStorage:
+        cls: type[_A],
+        src: Storage,
+        path: str | os.PathLike[str] | None = None,
+        block_rows: int | None = None,
+    ) -> _A:
         """A new storage of ``src``'s capacity and ragged keys at ``path``.
 
         Its chunk size is ``block_rows``, else ``src``'s for an Arrow ``src``, else the
         default.
         """
         ragged = src._ragged if isinstance(src, ArrowFiles) else ()
-        return cls(  # type: ignore[call-arg, return-value]
+        return cls(  # type: ignore[call-arg]
             src.capacity, path=path, chunk_size=block_rows or src.block_rows, ragged=ragged
         )
 
@@ -182,7 +197,7 @@ class ArrowFiles(Storage):
         directory.mkdir()
         sums = {
             file.name: copy_with_crc(file, directory / file.name, fsync)
-            for file in _files(self)  # type: ignore[arg-type]
+            for file in self._data_files()
         }
         fsync_dir(directory, fsync)
         return {"dir": directory.name}, sums
@@ -197,14 +212,14 @@ class ArrowFiles(Storage):
 
     @classmethod
     def restore(
-        cls,
+        cls: type[_A],
         directory: Path,
         config: dict[str, Any],
         state: Any,
         codec: Codec,
         tensors: list[torch.Tensor],
         plan: Any,
-    ) -> ArrowStorage:
+    ) -> _A:
         """A copy of the files the metadata names, in a temporary directory of its own."""
         names = plan[1]
 
@@ -212,7 +227,7 @@ class ArrowFiles(Storage):
             for name in names:
                 copy_with_crc(directory / name, own / name, fsync=False)
 
-        storage = _own_copy(cls, copy)  # type: ignore[arg-type]
+        storage = cls._own_copy(copy)
         check_config(storage, config)
         return storage
 
@@ -220,12 +235,12 @@ class ArrowFiles(Storage):
         """``{"files": {name: the file's bytes as a uint8 tensor}}``, after a flush."""
         files = {
             file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8))
-            for file in _files(self)  # type: ignore[arg-type]
+            for file in self._data_files()
         }
         return {"files": files}
 
     @classmethod
-    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> ArrowStorage:
+    def from_state(cls: type[_A], config: dict[str, Any], state: Any, codec: Codec) -> _A:
         """The files written to a temporary directory of its own, then opened."""
 
         def write(own: Path) -> None:
@@ -234,7 +249,7 @@ class ArrowFiles(Storage):
                     raise CheckpointError(f"ArrowStorage: bad file name {name!r}")
                 data.numpy().tofile(leaf_path(own, name, Path("state"), "files"))
 
-        storage = _own_copy(cls, write)  # type: ignore[arg-type]
+        storage = cls._own_copy(write)
         check_config(storage, config)
         return storage
 

@@ -37,8 +37,8 @@ torn, even when it overwrote a full ring in place. A kill keeps the page cache, 
 this waits for the disk; surviving a power loss needs :meth:`flush` (fsync). Chunk files are
 plain Arrow once flushed or closed — or dropped: like a Python file, a storage dropped without
 :meth:`close` (``del``, garbage collection, interpreter exit) writes its rows to the chunk
-files then (without fsync; see ``_lifecycle.py``). Only a kill leaves rows in the
-journal alone, for :meth:`open`.
+files then (without fsync; see below). Only a kill leaves rows in the journal alone, for
+:meth:`open`.
 
 **Every file is checked when it is opened** (``_checks.py``): the metadata's fields,
 types and ranges before anything is allocated; each chunk file's schema, row count, every
@@ -50,12 +50,40 @@ buffers are written in place through a writable mapping of the file (still valid
 a ring on its second lap costs about what :class:`MemmapStorage` costs. Bool leaves are
 stored as ``uint8`` 0/1 (field metadata ``rbdata.dtype = "bool"``) for that reason: Arrow's
 own booleans are bit-packed.
+
+**A storage dropped without** ``close()`` **writes its rows out.** Between flushes an
+ArrowStorage keeps its newest rows in memory (the open chunks) and in its redo journal, which
+only :meth:`open` reads: pyarrow, polars and duckdb see the chunk files alone. Python's
+buffered files flush when they are dropped; so does a storage: when it is garbage-collected
+(``del``, the last reference gone) or still alive at interpreter exit, its open chunks are
+written to their files, the metadata published and the journal removed — what ``flush()``
+does, without the fsync (a dropped Python file is not fsync'ed either; the page cache
+survives the process). A SIGKILL runs no finalizer: the journal still covers it, and
+``open`` replays it.
+
+The finalizer cannot hold the storage (it would never be collected), so it holds the
+storage's attribute dict, which holds everything a flush needs (the chunk cache, the
+journal), and runs the flush on a bare instance that shares that dict. (So no attribute may
+refer back to the storage itself: it would keep the storage alive until exit.
+``tests/test_arrow_dropped.py`` checks that ``del`` flushes.) Nothing is flushed:
+
+- after ``close()`` (it flushed already), or for a temporary directory (``path=None``, and a
+  checkpoint's private copy), which is removed instead;
+- for a copy that does not own the writes (unpickled in another process, or opened with
+  ``recover=False``: it has no journal), and in a forked child, which inherits the
+  finalizer but not the ownership;
+- when the directory is gone (removed with its journal: nothing is left to keep).
+
+A flush that fails (a full disk, a directory removed under the storage) warns and loses
+nothing: the rows are in the journal, and the next ``open`` replays it.
 """
 
 from __future__ import annotations
 
+import json
 import os
 import threading
+import warnings
 import weakref
 from pathlib import Path
 from typing import Any
@@ -63,19 +91,28 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._files import check_dir, storage_dir
+from rbdata._files import check_dir, open_nofollow, storage_dir
 from rbdata._index import check_capacity
 from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout
-from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_ragged
-from rbdata.storages.arrow._chunks import Chunk, open_chunk, seal, seal_left, write_one, write_runs
-from rbdata.storages.arrow._gather import chunk_column, gather_items
-from rbdata.storages.arrow._items import is_item_list, load_pyarrow, stack_variable_items
+from rbdata.storages.arrow._checks import (
+    FORMAT,
+    META_FILE,
+    TORCH_TO_NUMPY,
+    VERSION,
+    check_ragged,
+    read_dir,
+)
+from rbdata.storages.arrow._chunks import ChunkCache
+from rbdata.storages.arrow._items import (
+    Columns,
+    is_item_list,
+    load_pyarrow,
+    stack_variable_items,
+)
 from rbdata.storages.arrow._journal import Journal
-from rbdata.storages.arrow._lifecycle import flush_when_dropped, reopen, write_meta
 from rbdata.storages.arrow._persist import ArrowFiles
-from rbdata.storages.arrow._records import log_write
 from rbdata.storages.arrow._writer import WriterHold
-from rbdata.storages.base import Prepared, WriteTarget
+from rbdata.storages.base import Prepared, Storage, WriteTarget
 
 __all__ = ["ArrowStorage"]
 
@@ -147,23 +184,17 @@ class ArrowStorage(ArrowFiles):
         self._path = check_dir(root, "ArrowStorage")
         self._init_state()
         self._hold = WriterHold(root)  # a new directory: this process is its one writer
-        write_meta(self)
+        self._write_meta()
         self._journal: Journal | None = Journal(root)
-        # flushed when dropped unclosed (del, gc, exit), as files are: _lifecycle.py
-        self._dropped: weakref.finalize | None = flush_when_dropped(self)
+        # flushed when dropped unclosed (del, gc, exit), as files are: see the module docs
+        self._dropped: weakref.finalize | None = self._flush_when_dropped()
 
     def _init_state(self) -> None:
-        # chunks that hold rows, by number: nothing allocated per chunk the capacity allows
-        self._chunks: dict[int, Chunk] = {}
+        # the chunks (open in memory, or mapped files), their writes and the gather
+        self._cache = ChunkCache(self._path, self.capacity, self.chunk_size)
         self._epoch = 0  # the journal generation the metadata describes
-        self._replaying = False
         self._unsynced = False  # rows written since the last fsync'ed _sync (else: no file write)
         self._journal = None
-        self._fixed: list[int] = []  # positions of fixed-shape leaves in the layout
-        self._variable: list[int] = []
-        self._addresses: np.ndarray | None = None  # [fixed leaf, chunk] buffer addresses
-        self._row_bytes = np.zeros(0, np.int64)
-        self._specs: list[tuple[tuple[int, ...], torch.dtype]] = []
         self._closed = False
         # the one process that may write (Arrow chunks and the journal are not shareable)
         self._owner_pid = os.getpid()
@@ -195,7 +226,94 @@ class ArrowStorage(ArrowFiles):
             FileNotFoundError: if ``path`` or its metadata file does not exist.
             ValueError: for a symlinked directory or file, or corrupt metadata or chunks.
         """
-        return reopen(cls, path, recover, WriterHold)
+        load_pyarrow()
+        root, meta, files = read_dir(path)
+        storage = cls.__new__(cls)
+        Storage.__init__(storage, meta["capacity"], device="cpu")
+        storage.chunk_size = meta["chunk_size"]
+        storage._ragged = meta["ragged"]
+        storage._finalizer = None
+        storage._path = root
+        storage._init_state()
+        storage._epoch = meta["epoch"]
+        if meta["layout"] is not None:
+            storage._set_layout(meta["layout"])
+        storage._cache.load(files, meta["length"])
+        storage._length, storage._next = meta["length"], meta["next"]
+        if recover:  # the one writer: refused while another process (or object) writes it
+            storage._hold = WriterHold(root)
+            try:
+                storage._journal = Journal(root)
+                storage._replay(storage._journal)
+            except BaseException:
+                storage._hold.close()
+                storage._hold = None
+                raise
+            storage._dropped = storage._flush_when_dropped()
+        return storage
+
+    def _replay(self, journal: Journal) -> None:
+        """Apply the journal's whole records, then write every row to the chunks."""
+        replayed = False
+        for slots, payload in journal.replay(self._epoch, self._cache.columns, self.capacity):
+            replayed = True
+            prepared = Prepared(payload, len(slots), self._layout, True)
+            super().commit(WriteTarget.of_slots(slots), prepared)  # not journalled again
+            self._cache.seal_left(self._next, self._length)
+        if replayed:
+            self._sync(fsync=True)
+
+    def _write_meta(self, fsync: bool = True) -> None:
+        """Publish the metadata: sizes, layout, length, next slot and epoch (atomically)."""
+        meta: dict[str, Any] = {
+            "format": FORMAT,
+            "version": VERSION,
+            "capacity": self.capacity,
+            "chunk_size": self.chunk_size,
+            "ragged": [list(k) for k in self._ragged],
+            "length": self._length,
+            "next": self._next,
+            "epoch": self._epoch,
+        }
+        if self._layout is not None:
+            meta["layout"] = self._layout.to_json()
+        file = self._path / META_FILE
+        tmp = file.with_name(f".{file.name}.tmp-{os.getpid()}")
+        with open_nofollow(tmp, "wb") as f:
+            f.write(json.dumps(meta, indent=1).encode())
+            if fsync:
+                f.flush()
+                os.fsync(f.fileno())
+        os.replace(tmp, file)
+
+    def _flush_when_dropped(self) -> weakref.finalize:
+        """Flush when collected or at exit (see the module docs); ``detach()`` it on close."""
+        return weakref.finalize(self, ArrowStorage._flush_dropped, type(self), self.__dict__)
+
+    @staticmethod
+    def _flush_dropped(cls: type[ArrowStorage], state: dict[str, Any]) -> None:
+        """Write the open chunks of a dropped storage whose attributes are ``state``."""
+        if (
+            state.get("_closed", True)
+            or state.get("_finalizer") is not None  # a temporary directory: removed, not flushed
+            or state.get("_journal") is None  # a reading copy: the owner writes
+            or state.get("_owner_pid") != os.getpid()  # a forked child
+            or not os.path.isdir(state.get("_path", ""))  # removed: journal and all
+        ):
+            return
+        bare = object.__new__(cls)
+        bare.__dict__ = state
+        try:
+            bare._sync(fsync=False)
+        except Exception as err:  # a finalizer cannot raise: say it, the journal keeps the rows
+            path = state.get("_path")
+            warnings.warn(
+                f"ArrowStorage at {str(path)!r} was dropped without close() and its rows could "
+                f"not be written to the chunk files ({type(err).__name__}: {err}); they are in "
+                "its journal: ArrowStorage.open(path) recovers them",
+                RuntimeWarning,
+                stacklevel=1,
+            )
 
     def flush(self) -> None:
         """Write every row to the chunk files and the metadata, fsync'ed (then plain Arrow)."""
@@ -212,13 +330,9 @@ class ArrowStorage(ArrowFiles):
         with self._write_lock:  # a write of another thread lands before or after, whole
             if not self._unsynced:
                 return
-            for k, chunk in list(self._chunks.items()):
-                if chunk.is_open:
-                    seal(self, k, fsync)
-                elif fsync and chunk.mapped is not None:
-                    chunk.mapped.flush()
+            self._cache.sync(self._length, fsync)
             self._epoch += 1
-            write_meta(self, fsync)
+            self._write_meta(fsync)
             if self._journal is not None:
                 self._journal.reset()
             self._unsynced = not fsync
@@ -232,8 +346,7 @@ class ArrowStorage(ArrowFiles):
         if self._dropped is not None:
             self._dropped.detach()
             self._dropped = None
-        self._chunks = {}
-        self._addresses = None
+        self._cache.clear()
         if self._journal is not None:
             self._journal.close()
             self._journal = None
@@ -278,10 +391,9 @@ class ArrowStorage(ArrowFiles):
         """Forget all items; the chunk files are removed (the layout is kept)."""
         with self._write_lock:
             super().clear()
-            self._chunks = {}
-            self._addresses = None
+            self._cache.clear()
             self._epoch += 1  # first: the journal's records no longer apply
-            write_meta(self)
+            self._write_meta()
             if self._journal is not None:
                 self._journal.reset()
             for file in self._path.iterdir():
@@ -296,20 +408,30 @@ class ArrowStorage(ArrowFiles):
         memory-mapped file (or the chunk held in memory); bool leaves are bit-packed in Arrow
         and come back as a copy. Variable leaves give a list.
         """
-        return chunk_column(self, key, chunk)
+        self._check_open()
+        key = (key,) if isinstance(key, str) else tuple(key)
+        return self._cache.column(key, chunk, self._length)
 
     def gather(self, idx: torch.Tensor, extra: dict[str, torch.Tensor] | None) -> Any:
         """The items at ``idx``: the fixed-shape leaves copied by one kernel over the chunks."""
-        return gather_items(self, idx, extra)
+        self._check_open()  # the chunks are unmapped: the gather kernel would read address 0
+        layout = self._layout
+        if layout is None:
+            raise IndexError("the storage is empty")
+        slots = idx.numpy()
+        if not slots.flags.c_contiguous:
+            slots = np.ascontiguousarray(slots)
+        outputs = self._cache.gather(slots, self._length)
+        return layout.assemble(outputs, torch.Size((len(slots),)), self.device, extra)
 
     def _get(self, index: int) -> Any:
         batch = self.gather(torch.tensor([index]), None)
-        layout = self._layout
-        assert layout is not None
+        layout, columns = self._layout, self._cache.columns
+        assert layout is not None and columns is not None
         if layout.kind == TENSOR:
             return batch[0]
         item = batch[0]
-        for pos in self._variable:  # a string item: the str itself
+        for pos in columns.variable:  # a string item: the str itself
             if layout.leaves[pos].kind == STRING:
                 item.set_non_tensor(layout.keys[pos], batch.get(layout.keys[pos])[0])
         return item
@@ -346,17 +468,11 @@ class ArrowStorage(ArrowFiles):
 
     def _set_layout(self, layout: Layout) -> None:
         self._layout = layout
-        self._fixed = [i for i, leaf in enumerate(layout.leaves) if leaf.kind == TENSOR]
-        self._variable = [i for i, leaf in enumerate(layout.leaves) if leaf.kind != TENSOR]
-        self._specs = [(layout.leaves[i].shape, layout.leaves[i].dtype) for i in self._fixed]
-        self._row_bytes = np.array(
-            [layout.leaves[i].numel * layout.leaves[i].dtype.itemsize for i in self._fixed],
-            dtype=np.int64,
-        )
+        self._cache.columns = Columns(layout)
 
     def _allocate(self, layout: Layout) -> None:
         self._set_layout(layout)
-        write_meta(self)
+        self._write_meta()
 
     def commit(self, target: WriteTarget, prepared: Prepared) -> None:
         """Journal the write, apply it, then write back every chunk the cursor has left."""
@@ -372,11 +488,11 @@ class ArrowStorage(ArrowFiles):
         with self._write_lock:  # against a flush (pickling) in another thread
             if prepared.layout is not None:
                 self._ensure_layout(prepared.layout)  # the metadata names the layout first
-            journal = self._journal
-            if journal is not None and not self._replaying:
-                log_write(self, journal, target, prepared)
+            journal, columns = self._journal, self._cache.columns
+            if journal is not None and columns is not None:  # no layout: nothing is written
+                journal.log_write(self._epoch, columns, target, prepared)
             super().commit(target, prepared)
-            seal_left(self)
+            self._cache.seal_left(self._next, self._length)
             if journal is not None and journal.size > _JOURNAL_LIMIT:
                 self._sync(fsync=False)  # a kill keeps the page cache: no wait for the disk
 
@@ -384,17 +500,20 @@ class ArrowStorage(ArrowFiles):
         # rows between the old and the new length exist (zeros, empty, "") in open chunks
         cs = self.chunk_size
         for k in range(self._length // cs, -(-n // cs)):
-            open_chunk(self, k)
+            self._cache.open(k)
         self._unsynced = True
         self._length = n
         if n == 0:
-            self._chunks = {}
-            self._addresses = None
+            self._cache.clear()
+
+    def _in_place(self) -> bool:
+        """Whether full chunks may be written in place (no reading copy maps the files)."""
+        return self._hold is not None and not self._hold.readers
 
     def _write(self, target: WriteTarget, payload: list[Any]) -> None:
         self._unsynced = True
-        write_runs(self, target, payload)
+        self._cache.write_runs(target, payload, self._in_place())
 
     def _write_one(self, index: int, payload: list[Any]) -> None:
         self._unsynced = True
-        write_one(self, index, payload)
+        self._cache.write_one(index, payload, self._in_place())
