@@ -18,7 +18,7 @@ import contextlib
 import shutil
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 from rbdata._atomic import fsync_dir, new_staging, publish, read_live
 from rbdata._files import atomic_write_json
@@ -29,6 +29,16 @@ from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, 
 from rbdata.checkpoint._describe import CheckpointInfo, describe
 from rbdata.checkpoint._identity import check_identity, check_trailer, trailer
 from rbdata.checkpoint._in_place import LoadsDescriptor, load_into
+from rbdata.checkpoint._registry import (
+    FORMAT,
+    FORMAT_VERSION,
+    META_FILE,
+    STATE_FORMAT,
+    TENSORS,
+    class_name,
+    component_class,
+    register,
+)
 from rbdata.checkpoint._storages import (
     check_storage,
     copy_storage,
@@ -39,24 +49,8 @@ from rbdata.checkpoint._storages import (
 )
 from rbdata.checkpoint._validate import check_component, read_checkpoint_meta
 from rbdata.errors import CheckpointError
-from rbdata.samplers import (
-    PrioritizedSampler,
-    PrioritizedSliceSampler,
-    SamplerWithoutReplacement,
-    SliceSampler,
-    SliceSamplerWithoutReplacement,
-    UniformSampler,
-)
 from rbdata.samplers.base import Sampler
-from rbdata.storages import (
-    ArrowStorage,
-    FrameStackStorage,
-    ListStorage,
-    MemmapStorage,
-    TensorStorage,
-)
 from rbdata.storages.base import Storage
-from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 from rbdata.writers.base import Writer
 
 __all__ = [
@@ -77,91 +71,8 @@ __all__ = [
     "from_state_dict",
 ]
 
-#: the version written to ``checkpoint.json``; loading refuses any other
-FORMAT_VERSION = 1
-_FORMAT = "rbdata.checkpoint"
-_STATE_FORMAT = "rbdata.replay_buffer"
-#: the file of a checkpoint's live directory that marks it (format, classes, configs, states)
-META_FILE = "checkpoint.json"
-_TENSORS = "tensors.bin"
-_BASES: dict[str, type] = {"storage": Storage, "sampler": Sampler, "writer": Writer}
-_REGISTRY: dict[str, type] = {}
-
-T = TypeVar("T", bound=type)
-
 #: a rebuilt buffer (storage, sampler, writer and batch size)
 Components = tuple[Storage, Sampler, Writer, "int | None"]
-
-
-def _name(cls: type) -> str:
-    if cls.__module__.split(".")[0] == "rbdata":
-        return cls.__name__
-    return f"{cls.__module__}.{cls.__qualname__}"
-
-
-def register(cls: T) -> T:
-    """Let checkpoints name and rebuild ``cls`` (a ``Storage``, ``Sampler`` or ``Writer``).
-
-    rbdata's own classes are registered already. A registered class is rebuilt as
-    ``cls(**component.config())`` followed by ``load_state_dict``; override ``config`` if
-    your constructor differs from the parent's. Usable as a class decorator.
-
-    Examples:
-        >>> from rbdata.writers import RoundRobinWriter
-        >>> @register
-        ... class MyWriter(RoundRobinWriter):
-        ...     pass
-        >>> component_class(_name(MyWriter), "writer") is MyWriter
-        True
-    """
-    if not isinstance(cls, type) or not issubclass(cls, tuple(_BASES.values())):
-        raise TypeError(f"cls must be a Storage, Sampler or Writer subclass, got {cls!r}")
-    name = _name(cls)
-    known = _REGISTRY.get(name)
-    if known is not None and known is not cls:
-        raise ValueError(f"another class is registered as {name!r}")
-    _REGISTRY[name] = cls
-    return cls
-
-
-for _cls in (
-    TensorStorage,
-    MemmapStorage,
-    ArrowStorage,
-    ListStorage,
-    FrameStackStorage,
-    UniformSampler,
-    SamplerWithoutReplacement,
-    PrioritizedSampler,
-    PrioritizedSliceSampler,
-    SliceSampler,
-    SliceSamplerWithoutReplacement,
-    RoundRobinWriter,
-    ImmutableWriter,
-    MaxValueWriter,
-):
-    register(_cls)
-
-
-def component_class(name: Any, kind: str) -> type:
-    """The registered class called ``name`` for component ``kind`` (storage/sampler/writer)."""
-    cls = _REGISTRY.get(name) if isinstance(name, str) else None
-    if cls is None or not issubclass(cls, _BASES[kind]):
-        raise CheckpointError(
-            f"{kind}: unknown class {name!r} (known: {', '.join(sorted(_REGISTRY))}); "
-            "register custom classes with rbdata.checkpoint.register"
-        )
-    return cls
-
-
-def _class_name(obj: Any, kind: str) -> str:
-    cls = type(obj)
-    if _REGISTRY.get(_name(cls)) is not cls:
-        raise TypeError(
-            f"cannot checkpoint the {kind} {cls.__name__}: its class is not registered "
-            "(rbdata.checkpoint.register)"
-        )
-    return _name(cls)
 
 
 def _build(cls: type, config: Any, state: Any, kind: str, storage: Storage) -> Any:
@@ -213,15 +124,15 @@ def dump(
     tensors: list[Any] = []
     parts: dict[str, Any] = {"sampler": sampler, "writer": writer}
     ident = new_id()  # names the live directory; in checkpoint.json and tensors.bin's trailer
-    meta: dict[str, Any] = {"format": _FORMAT, "version": FORMAT_VERSION, "id": ident}
+    meta: dict[str, Any] = {"format": FORMAT, "version": FORMAT_VERSION, "id": ident}
     meta["batch_size"] = batch_size
     for kind, obj in parts.items():  # encode first: a bad component fails before any write
         meta[kind] = {
-            "class": _class_name(obj, kind),
+            "class": class_name(obj, kind),
             "config": encode(obj.config(), tensors, f"{kind} config"),
             "state": encode(obj.state_dict(), tensors, f"{kind} state"),
         }
-    name = _class_name(storage, "storage")
+    name = class_name(storage, "storage")
     # the state tensors are all known before the storage is written, unless the storage's
     # config holds tensors or its dump adds some (Storage.dump_adds_tensors): then tensors.bin
     # is written after the storage; else in a thread meanwhile (same bytes, same order)
@@ -233,7 +144,7 @@ def dump(
         with ThreadPoolExecutor(max_workers=1) as pool:  # its exit waits for the job
             tail = trailer(ident)
             table = (
-                pool.submit(write_tensors, staging / _TENSORS, tensors, fsync, tail)
+                pool.submit(write_tensors, staging / TENSORS, tensors, fsync, tail)
                 if early
                 else None
             )
@@ -242,9 +153,9 @@ def dump(
             written = table.result()
         else:
             config = encode(storage.config(), tensors, "storage config")
-            written = write_tensors(staging / _TENSORS, tensors, fsync, tail)
+            written = write_tensors(staging / TENSORS, tensors, fsync, tail)
         meta["storage"] = {"class": name, "config": config, "state": state}
-        meta["tensors"], sums[_TENSORS] = written
+        meta["tensors"], sums[TENSORS] = written
         add_tails(staging, sums)
         meta["checksums"] = {"algorithm": ALGORITHM, "files": sums}
         atomic_write_json(staging / META_FILE, meta, fsync)
@@ -294,7 +205,7 @@ def load(path: Any, verify: bool = False) -> Components:
 
 def _load_live(live: Path, verify: bool) -> Components:
     """:func:`load` of the live directory ``live``."""
-    meta = read_checkpoint_meta(live / META_FILE, _FORMAT, FORMAT_VERSION)
+    meta = read_checkpoint_meta(live / META_FILE, FORMAT, FORMAT_VERSION)
     kinds = ("storage", "sampler", "writer")
     classes = {kind: component_class(meta[kind]["class"], kind) for kind in kinds}
     storage_meta = meta["storage"]
@@ -303,13 +214,13 @@ def _load_live(live: Path, verify: bool) -> Components:
         plan = check_storage(
             classes["storage"], storage_meta["config"], storage_meta["state"], live
         )
-        check_table(live / _TENSORS, meta["tensors"])
+        check_table(live / TENSORS, meta["tensors"])
         if verify:
             verify_files(live, meta, live / META_FILE)
         elif "checksums" in meta:  # the small files only (headers, metadata): O(1)
             verify_files(live, meta, live / META_FILE, SMALL_FILE)
-        check_trailer(meta, live / _TENSORS)  # O(1): 32 bytes
-        tensors = read_tensors(live / _TENSORS, meta["tensors"])
+        check_trailer(meta, live / TENSORS)  # O(1): 32 bytes
+        tensors = read_tensors(live / TENSORS, meta["tensors"])
         decoded = {
             kind: (
                 decode(meta[kind]["config"], tensors, f"{kind} config"),
@@ -353,11 +264,11 @@ def state_dict(
 
     ``torch.load(..., weights_only=True)`` reads it. See :meth:`rbdata.ReplayBuffer.state_dict`.
     """
-    out: dict[str, Any] = {"format": _STATE_FORMAT, "version": FORMAT_VERSION}
+    out: dict[str, Any] = {"format": STATE_FORMAT, "version": FORMAT_VERSION}
     out["batch_size"] = batch_size
     parts: dict[str, Any] = {"storage": storage, "sampler": sampler, "writer": writer}
     for kind, obj in parts.items():
-        name = _class_name(obj, kind)
+        name = class_name(obj, kind)
         config = obj.config()
         encode(config, [], f"{kind} config")  # the same checks as a checkpoint
         if kind == "storage":
@@ -371,7 +282,7 @@ def state_dict(
 
 def from_state_dict(state: Any) -> Components:
     """Rebuild the components of a :func:`state_dict`."""
-    if not isinstance(state, dict) or state.get("format") != _STATE_FORMAT:
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise CheckpointError("state: not a ReplayBuffer state dict")
     if state.get("version") != FORMAT_VERSION:
         raise CheckpointError(f"state: version {state.get('version')!r}, expected {FORMAT_VERSION}")

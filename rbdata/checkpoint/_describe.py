@@ -20,6 +20,7 @@ import torch
 from rbdata._atomic import CURRENT, live_dir, read_live
 from rbdata._files import open_nofollow
 from rbdata.checkpoint._codec import MARK, check_table
+from rbdata.checkpoint._registry import FORMAT, FORMAT_VERSION, META_FILE, TENSORS, component_class
 from rbdata.checkpoint._storage_checks import DIR, check_storage
 from rbdata.checkpoint._validate import read_checkpoint_meta
 from rbdata.errors import CheckpointError
@@ -90,12 +91,10 @@ def describe(path: str | os.PathLike[str]) -> CheckpointInfo:
 
 def _describe_live(live: Path) -> CheckpointInfo:
     """:func:`describe` of one live checkpoint directory."""
-    from rbdata.checkpoint import _FORMAT, _TENSORS, FORMAT_VERSION, META_FILE, component_class
-
     file = live / META_FILE
-    meta = read_checkpoint_meta(file, _FORMAT, FORMAT_VERSION)
+    meta = read_checkpoint_meta(file, FORMAT, FORMAT_VERSION)
     try:
-        table = check_table(live / _TENSORS, meta["tensors"])
+        table = check_table(live / TENSORS, meta["tensors"])
     except CheckpointError as err:
         table, problems = [], [str(err)]
     else:
@@ -120,7 +119,7 @@ def _describe_live(live: Path) -> CheckpointInfo:
             part_cls: type | None = component_class(name, kind)
         except CheckpointError:
             part_cls = None  # a custom class of another program
-        parts[kind] = _component(part, part_cls, live / _TENSORS, table)
+        parts[kind] = _component(part, part_cls, live / TENSORS, table)
     return CheckpointInfo(
         live=live.name,
         batch_size=meta["batch_size"],

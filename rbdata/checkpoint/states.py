@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from rbdata._files import atomic_write_json, read_meta
-from rbdata.checkpoint import _name, component_class
 from rbdata.checkpoint._codec import decode, encode, read_tensors, write_tensors
+from rbdata.checkpoint._registry import class_name
 from rbdata.errors import CheckpointError
 
 __all__ = ["STATE_FILE", "class_name", "read_state", "write_state"]
@@ -23,30 +23,6 @@ STATE_FILE = "state.json"
 _TENSORS = "state.bin"
 _FORMAT = "rbdata.state"
 _VERSION = 1
-
-
-def class_name(obj: Any, kind: str) -> str:
-    """The name checkpoints record for ``obj``'s class (``kind``: storage, sampler, writer).
-
-    Raises:
-        TypeError: the class is not registered (:func:`rbdata.checkpoint.register`).
-
-    Examples:
-        >>> from rbdata import UniformSampler
-        >>> class_name(UniformSampler(range(3)), "sampler")
-        'UniformSampler'
-    """
-    name = _name(type(obj))
-    try:
-        known = component_class(name, kind)
-    except CheckpointError:
-        known = None
-    if known is not type(obj):
-        raise TypeError(
-            f"cannot checkpoint the {kind} {type(obj).__name__}: its class is not registered "
-            "(rbdata.checkpoint.register)"
-        )
-    return name
 
 
 def write_state(directory: str | Path, state: Any, fsync: bool = True) -> None:
