@@ -180,7 +180,7 @@ def test_add_fast_stores_what_the_general_path_stores(
             for i in range(CAP - 1):  # slots 0..4 live: a write at 5 grows, below overwrites
                 s.set(i, first_item(leaves))
         if kind == "memmap":  # the small layout's items are packed (one struct, one kernel)
-            assert (fast._row is not None) == (layout == "small")
+            assert (fast._writes.row is not None) == (layout == "small")
         before = snapshot(fast)
         with np.errstate(all="raise"):  # a numpy cast warning would be a behaviour difference
             took = fast.add_fast(slot, item)
@@ -239,7 +239,7 @@ def test_per_step_items_take_the_fast_path_and_ring_like_the_general_path(
     assert taken == 3 * CAP  # every item after the first (which fixes the layout)
     assert rb.writer.cursor == ref.writer.cursor == (3 * CAP + 1) % CAP
     if kind == "memmap":
-        assert rb.storage._row is not None  # packed: one struct call, one kernel
+        assert rb.storage._writes.row is not None  # packed: one struct call, one kernel
         path = rb.storage.path
         rb.storage.close()
         reopened = MemmapStorage.open(path)

@@ -171,7 +171,7 @@ def test_per_step_writes_finish_a_pending_transaction_first(tmp_path: Path, form
     for k in range(CAP + 1):
         rb.add(item(k))
     storage = rb.storage
-    journal = storage._journal
+    journal = storage._writes.journal
     assert journal is not None
     plan = journal.begin_run(6, 7, CAP, 7, own=True)  # as a one-item write lays it out
     assert plan is not None

@@ -79,15 +79,15 @@ def test_only_small_layouts_of_the_owning_process_are_packed(tmp_path: Path) -> 
         ReplayBuffer(storage).add(first)
         return storage
 
-    assert row(item(1))._row is not None
-    assert row({"obs": np.zeros(9, np.float32)})._row is None  # > 8 elements: numpy rows
-    assert row({"img": np.zeros((2, 2), np.uint8)})._row is None  # 2-D
-    assert row({"z": np.zeros(2, np.complex64)})._row is None  # no struct code
+    assert row(item(1))._writes.row is not None
+    assert row({"obs": np.zeros(9, np.float32)})._writes.row is None  # > 8 elements: numpy rows
+    assert row({"img": np.zeros((2, 2), np.uint8)})._writes.row is None  # 2-D
+    assert row({"z": np.zeros(2, np.complex64)})._writes.row is None  # no struct code
     assert packable(Layout.from_data(item(1), batched=False)) and not packable(
         Layout.from_data({"z": torch.zeros(2).cfloat()}, batched=False)
     )
     private = MemmapStorage.open(row(item(1)).path, copy_on_write=True)
-    assert private._row is None  # copy-on-write: its own numpy rows
+    assert private._writes.row is None  # copy-on-write: its own numpy rows
     shared = row(item(1))
     shared.share()
     before = ids_of(shared)
@@ -104,12 +104,12 @@ def test_packed_adds_ring_like_a_tensor_storage(tmp_path: Path, tensordict: bool
         slot = rb.add(item(k, tensordict))
         assert slot == ref.writer.add(ref.storage, item(k)) == (k - 1) % CAP
         ref.storage.set(slot, item(k))  # the general path, once more at the same slot
-        assert mm._row is not None
+        assert mm._writes.row is not None
         assert mm.last_write == (k - 1, k) and mm.write_count == k
         assert (len(mm), mm.next_slot) == (len(ref.storage), ref.storage.next_slot)
         assert ids_of(mm) == ids_of(ref.storage)
         assert header_words(tmp_path / "st") == (len(mm), mm.next_slot)
-    assert not mm._journal.committed  # type: ignore[union-attr]
+    assert not mm._writes.journal.committed  # type: ignore[union-attr]
     mm.close()
     reopened = MemmapStorage.open(tmp_path / "st")
     assert ids_of(reopened) == ids_of(ref.storage)
@@ -130,10 +130,10 @@ def test_a_writer_killed_after_the_commit_is_replayed(tmp_path: Path, stop: int)
     """``stop`` 1: killed after the commit word; 2: after the rows reached the files."""
     root = tmp_path / "st"
     _, storage, ids = full_ring(root)
-    journal = storage._journal
-    assert storage._row is not None and journal is not None
-    flat = storage._row.read(item(100))  # type: ignore[union-attr]
-    assert storage._row.write(flat, 5, stop=stop) == -1
+    journal = storage._writes.journal
+    assert storage._writes.row is not None and journal is not None
+    flat = storage._writes.row.read(item(100))  # type: ignore[union-attr]
+    assert storage._writes.row.write(flat, 5, stop=stop) == -1
     assert journal.committed
     assert header_words(root) == (CAP, 1)  # not published yet
     # the CRC and every field check out (no view of the journal kept: it would hold the lock)
@@ -154,10 +154,10 @@ def test_a_corrupt_active_word_is_an_error_and_writes_nothing(tmp_path: Path) ->
     words = storage._header._words
     active = words[1]
     words[1] = 7  # as if something scribbled over header.bin
-    flat = storage._row.read(item(100))  # type: ignore[union-attr]
+    flat = storage._writes.row.read(item(100))  # type: ignore[union-attr]
     with pytest.raises(ValueError, match=r"header\.bin.*active"):
-        storage._row.write(flat, 3)  # type: ignore[union-attr]
-    assert not storage._journal.committed  # type: ignore[union-attr]
+        storage._writes.row.write(flat, 3)  # type: ignore[union-attr]
+    assert not storage._writes.journal.committed  # type: ignore[union-attr]
     words[1] = active
     assert ids_of(storage) == ids and header_words(root) == (CAP, 1)
     storage.close()
@@ -167,12 +167,12 @@ def test_a_grown_journal_is_rebound(tmp_path: Path) -> None:
     """A big extend grows (remaps) the journal: the next packed add writes the new mapping."""
     root = tmp_path / "st"
     rb, storage, _ = full_ring(root, cap=256)
-    mapping = storage._journal._mmap  # type: ignore[union-attr]
+    mapping = storage._writes.journal._mmap  # type: ignore[union-attr]
     batch = torch.stack([item(k, tensordict=True) for k in range(1000, 1200)])
     rb.extend(batch)  # 200 rows over live slots: a bigger journal
-    assert storage._journal._mmap is not mapping  # type: ignore[union-attr]
+    assert storage._writes.journal._mmap is not mapping  # type: ignore[union-attr]
     rb.add(item(300))
-    assert storage._row.mapping is storage._journal._mmap  # type: ignore[union-attr]
+    assert storage._writes.row.mapping is storage._writes.journal._mmap  # type: ignore[union-attr]
     ids = ids_of(storage)
     assert ids[201] == 300 and ids[1:201] == list(range(1000, 1200))
     storage.close()
@@ -182,7 +182,7 @@ def test_a_grown_journal_is_rebound(tmp_path: Path) -> None:
 def test_a_pending_transaction_is_finished_before_a_packed_add(tmp_path: Path) -> None:
     root = tmp_path / "st"
     rb, storage, ids = full_ring(root)
-    journal = storage._journal
+    journal = storage._writes.journal
     assert journal is not None
     plan = journal.begin(0, [4, 5], 1, CAP, 1)  # committed, not applied (a raise between)
     values = {

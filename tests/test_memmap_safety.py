@@ -273,7 +273,7 @@ def test_kill_inside_an_overwrite_leaves_the_batch_whole(
     assert ids_of(reopened) == expected
     present = expected[0] == 102
     assert reopened.next_slot == (3 if present else 6)
-    assert not reopened._journal  # nothing left to replay
+    assert not reopened._writes.journal  # nothing left to replay
     ReplayBuffer(reopened).extend(batch(2, 200))  # goes on from there
     reopened.close()
     again = MemmapStorage.open(root)

@@ -1,7 +1,7 @@
 """The persistence of a :class:`~rbdata.storages.FrameStackStorage`: :class:`FramePersistence`.
 
-:class:`FramePersistence` is the storage's private base (as ``MemmapFiles`` and ``ArrowFiles``
-are the memmap and Arrow storages'): its directory (``path=``, :meth:`~FramePersistence.open`,
+:class:`FramePersistence` is the storage's private base (as ``ArrowFiles`` is the Arrow
+storage's): its directory (``path=``, :meth:`~FramePersistence.open`,
 :meth:`~FramePersistence.flush`, :meth:`~FramePersistence.close`) and the persistence hooks
 of :class:`~rbdata.storages.Storage` that checkpoints, state dicts, ``rbdata inspect`` and
 in-place loads call. The files themselves are :class:`~rbdata.storages.frames._files.FrameFiles`'

@@ -1,16 +1,17 @@
 """The memory-mapped storage: one file per leaf, a journal for torn writes, shared across processes.
 
-- :mod:`~rbdata.storages.memmap.storage`: :class:`MemmapStorage`, the map-style dataset;
+- :mod:`~rbdata.storages.memmap.storage`: :class:`MemmapStorage`, the map-style dataset:
+  opening (validated, a committed journal replayed), pickling, closing, becoming shared;
 - ``_directory``: the on-disk layout (``meta.json``, one ``.bin`` per leaf) and its writer;
-- ``_lifecycle``: opening (validated, a committed journal replayed), pickling, closing;
-- ``_writes``: the write path (commits, the per-step fast paths, journal transactions);
-- ``_sharing``: how a storage becomes shared between processes, and its write lock;
+- ``_writepath``: ``WritePath``, the crash-atomic write path (the journal's transactions, the
+  per-step fast paths, this process's write counts);
 - ``_header``: ``header.bin``, the double record published after every write;
 - ``_journal``: the redo journal that makes a killed write replayable
   (``_journal_format``: its on-disk format);
 - ``_rawfile``: opening, creating and mapping the raw files (no symlinks);
 - ``_packed``: the numba row writer of the per-step ``add``;
-- ``_shared``: the state shared by the processes of a shared storage;
+- ``_shared``: the state shared by the processes of a shared storage (``SharedState``) and a
+  storage's side of it (``Sharing``: the counter, the write lock, the slots' versions);
 - ``_versions``: the per-slot seqlock words that let readers detect a torn row;
 - ``_persist``: the persistence hooks of the tensor storages (checkpoint dump / restore as a
   memmap directory, ``describe`` for ``rbdata inspect``).

@@ -29,9 +29,9 @@ from rbdata._files import (
 )
 from rbdata._ids import new_id
 from rbdata._layout import TENSOR, Layout
-from rbdata.storages.memmap._header import (
-    encode_header,
-)
+from rbdata.errors import CheckpointError
+from rbdata.storages.base import Storage
+from rbdata.storages.memmap._header import bad_field, encode_header
 from rbdata.storages.memmap._rawfile import trailer
 from rbdata.storages.tensor import TensorStorage
 
@@ -42,7 +42,7 @@ __all__ = [
     "LAYOUT_FILE",
     "VERSION",
     "DirectoryWriter",
-    "bad_field",
+    "check_counts",
     "check_meta",
     "layout_meta",
     "read_layout",
@@ -68,11 +68,6 @@ _MAX_BYTES = 1 << 56  # per file: far beyond any disk, far below an int64 overfl
 def _leaf_file(i: int, key: tuple[str, ...]) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", ".".join(key) or "data")[:64]
     return f"{i:03d}-{safe}.bin"
-
-
-def bad_field(file: Path, field: str, value: Any, expected: str) -> ValueError:
-    shown = reprlib.repr(value)
-    return ValueError(f"{file}: field {field!r} is {shown}, expected {expected}")
 
 
 def _is_int(value: Any) -> bool:
@@ -186,6 +181,20 @@ def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, li
         except ValueError as err:  # name the metadata file and field, keep the reason
             raise ValueError(f"{file}: field 'files[{i}]': {err}") from None
     return capacity, Layout.from_json(layout), paths
+
+
+def check_counts(storage: Storage, src: Path) -> None:
+    """The length and next slot of a storage just opened from ``src``, in range.
+
+    Raises:
+        CheckpointError: naming ``src``'s header (the caller closes the storage).
+    """
+    n, nxt, cap = len(storage), storage.next_slot, storage.capacity
+    if not 0 <= n <= cap or not 0 <= nxt < cap or (n and storage.layout is None):
+        raise CheckpointError(
+            f"{src / HEADER_FILE}: header length {n} / next slot {nxt} out of range for "
+            f"capacity {cap}"
+        )
 
 
 def layout_meta(capacity: int, layout: Layout | None, ident: str | None) -> dict[str, Any]:

@@ -22,9 +22,11 @@ from __future__ import annotations
 
 import mmap
 import os
+import reprlib
 import struct
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -37,6 +39,7 @@ __all__ = [
     "HEADER_TERMS",
     "LEGACY",
     "Header",
+    "bad_field",
     "decode_header",
     "encode_header",
 ]
@@ -53,6 +56,12 @@ _SLOT_TERMS = (_K_SLOT ^ _MAGIC, (2 * _K_SLOT) ^ _MAGIC)
 HEADER_TERMS = (_K_LENGTH, _K_NEXT, *_SLOT_TERMS, _MASK)
 """``K_length, K_next, slot-0 term, slot-1 term, mask``: a header record's check is
 ``((length * K_length) ^ (next * K_next) ^ slot term) & mask``, or 1 where that is 0."""
+
+
+def bad_field(file: Path, field: str, value: Any, expected: str) -> ValueError:
+    """The error of a metadata field out of range, naming the file and the field."""
+    shown = reprlib.repr(value)
+    return ValueError(f"{file}: field {field!r} is {shown}, expected {expected}")
 
 
 def _check(length: int, nxt: int, slot: int) -> int:
@@ -129,6 +138,22 @@ class Header:
         self._length_term = (-1, 0)
         self._words = memoryview(bytearray(encode_header(length, nxt))).cast("q")
         return self
+
+    def check(self, capacity: int, has_layout: bool) -> None:
+        """The length and next slot read at open, checked against the capacity and the layout.
+
+        Raises:
+            ValueError: naming the file and the field out of range.
+        """
+        (length, nxt), file, cap = self.first, self.path, capacity
+        if not 0 <= length <= cap:
+            raise bad_field(file, "length", length, f"in [0, {cap}] (the capacity)")
+        if not 0 <= nxt < cap:
+            raise bad_field(file, "next", nxt, f"in [0, {cap})")
+        if nxt > length:
+            raise bad_field(file, "next", nxt, f"at most the length {length}")
+        if not has_layout and length:
+            raise bad_field(file, "length", length, "0: layout.json has no layout")
 
     @property
     def length(self) -> int:

@@ -3,8 +3,8 @@
 - :func:`dump_tensors`: one raw file per leaf (the filled rows, then a sparse zero tail), the
   header and ``layout.json``, with the leaves' checksums summed from memory meanwhile;
 - :func:`check_dumped`: the metadata and every file it names, before anything is mapped;
-- :func:`restore_memmap` / :func:`restore_tensors`: the files mapped copy-on-write (lazy;
-  writes never reach them), a CUDA storage copied to its device;
+- :func:`restore_tensors`: the files mapped copy-on-write by a :class:`MemmapStorage` (lazy;
+  writes never reach them), a CUDA storage's copied to its device;
 - :func:`tensor_state` / :func:`tensors_from_state`: the ``torch.save``-able form;
 - :func:`describe_dir`: counts, keys and problems of a directory, metadata only.
 """
@@ -12,12 +12,9 @@
 from __future__ import annotations
 
 import math
-import os
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import torch
+from typing import Any
 
 from rbdata._atomic import fsync_dir
 from rbdata._checked import plain_file, read_json
@@ -28,30 +25,25 @@ from rbdata._layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size, saved_counts
-from rbdata.storages.base import Codec, Storage
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
     LAYOUT_FILE,
-    bad_field,
+    check_counts,
     check_meta,
     read_layout,
     storage_id,
     write_directory,
 )
-from rbdata.storages.memmap._header import Header
+from rbdata.storages.memmap._header import Header, bad_field
+from rbdata.storages.memmap.storage import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
-if TYPE_CHECKING:
-    from rbdata.storages.memmap.storage import MemmapStorage
-
 __all__ = [
-    "MemmapFiles",
     "check_dumped",
     "copy_tensors",
     "describe_dir",
     "dump_tensors",
-    "restore_memmap",
     "restore_tensors",
     "tensor_state",
     "tensors_from_state",
@@ -118,31 +110,14 @@ def check_dumped(
     return capacity, []
 
 
-def _check_counts(storage: MemmapStorage, src: Path) -> None:
-    """The length and next slot of a just-opened storage, in range (closed if not)."""
-    n, nxt, cap = len(storage), storage.next_slot, storage.capacity
-    if not 0 <= n <= cap or not 0 <= nxt < cap or (n and storage.layout is None):
-        storage.close()
-        raise CheckpointError(
-            f"{src / HEADER_FILE}: header length {n} / next slot {nxt} out of range for "
-            f"capacity {cap}"
-        )
-
-
-def restore_memmap(cls: type[MemmapStorage], src: Path, config: dict[str, Any]) -> MemmapStorage:
-    """The dumped directory mapped copy-on-write."""
-    storage = cls.open(src, copy_on_write=True)
-    _check_counts(storage, src)
-    check_config(storage, config)
-    return storage
-
-
 def restore_tensors(cls: type[TensorStorage], src: Path, config: dict[str, Any]) -> TensorStorage:
     """A new ``cls`` over the dumped directory's buffers (mapped, or copied to its device)."""
-    from rbdata.storages.memmap.storage import MemmapStorage
-
     mapped = MemmapStorage.open(src, copy_on_write=True)
-    _check_counts(mapped, src)
+    try:
+        check_counts(mapped, src)
+    except CheckpointError:
+        mapped.close()
+        raise
     storage = cls(**config)
     check_config(mapped, {"max_size": storage.capacity})
     layout = mapped.layout
@@ -227,33 +202,3 @@ def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
         if committed:
             details["journal"] = f"a committed write not yet in the files ({REPLAY_NOTE})"
     return StorageInfo("memmap", capacity, length, nxt, key_infos(layout), details), problems
-
-
-class MemmapFiles(TensorStorage):
-    """The persistence hooks of :class:`~rbdata.storages.MemmapStorage` (its own directories)."""
-
-    kind = "memmap"
-    marker_file = LAYOUT_FILE
-
-    @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> MemmapStorage:
-        """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
-        return restore_memmap(cls, directory, config)  # type: ignore[arg-type]
-
-    @classmethod
-    def empty_like(
-        cls,
-        src: Storage,
-        path: str | os.PathLike[str] | None = None,
-        block_rows: int | None = None,
-    ) -> MemmapStorage:
-        """A new storage of ``src``'s capacity at ``path``."""
-        return cls(src.capacity, path=path)  # type: ignore[call-arg, return-value]

@@ -9,13 +9,17 @@ A data file of a version-2 directory ends with a 32-byte trailer after its rows
 (:func:`trailer`, :mod:`rbdata._ids`): the storage's id (``layout.json``'s ``"id"``) and the
 leaf's index, checked by :func:`map_file` with one 32-byte read, so a file swapped in from
 another storage or checkpoint, or renamed to another leaf, is refused at open.
+
+:class:`DataFiles` holds a storage's data files: created for a layout, mapped, flushed.
 """
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,8 +27,11 @@ import numpy as np
 import torch
 
 from rbdata._ids import TRAILER_BYTES, id_trailer, read_trailer
+from rbdata._layout import Layout
+from rbdata.storages import _memory
 
 __all__ = [
+    "DataFiles",
     "as_tensor",
     "check_trailer",
     "create_file",
@@ -171,3 +178,61 @@ def map_file(
         os.close(fd)
     raw = np.frombuffer(mm, dtype=np.uint8, count=expected)
     return torch.from_numpy(raw).view(dtype).view(shape), raw
+
+
+class DataFiles:
+    """The data files of a storage, one per leaf: created for a layout, mapped, flushed.
+
+    Args:
+        capacity: the storage's capacity in items (every file holds that many rows).
+        ident: the storage's id, in every file's trailer (``None``: a version-1 directory).
+        private: map copy-on-write (reads from the files, writes in this process only).
+
+    Attributes:
+        paths: the files mapped as the storage's buffers (empty until a layout is mapped).
+    """
+
+    def __init__(self, capacity: int, ident: str | None, private: bool) -> None:
+        self.paths: list[Path] = []
+        self._capacity = capacity
+        self._ident = ident
+        self._private = private
+
+    def map(
+        self, layout: Layout, files: list[Path]
+    ) -> tuple[list[torch.Tensor], list[_memory.Mapping | None]]:
+        """Map the leaves' ``files`` (sizes and trailers checked): the buffers, their mappings."""
+        buffers, mapped = [], []
+        for index, (file, leaf) in enumerate(zip(files, layout.leaves, strict=True)):
+            expected = self._capacity * leaf.numel * leaf.dtype.itemsize
+            shape = (self._capacity, *leaf.shape)
+            tail = (self._ident, index)
+            buf, raw = map_file(file, leaf.dtype, shape, expected, self._private, leaf.name, tail)
+            buffers.append(buf)
+            mapped.append(None if raw is None else _memory.mapping(raw))
+        return buffers, mapped
+
+    @contextlib.contextmanager
+    def created(self, layout: Layout, files: list[Path]) -> Iterator[None]:
+        """Create the leaves' ``files`` (space reserved); removed again if the block raises."""
+        made: list[Path] = []
+        try:
+            for index, (file, leaf) in enumerate(zip(files, layout.leaves, strict=True)):
+                made.append(file)
+                size = self._capacity * leaf.numel * leaf.dtype.itemsize
+                create_file(file, size, trailer(self._ident, index))
+            yield
+        except BaseException:
+            for file in made:
+                with contextlib.suppress(OSError):
+                    file.unlink()
+            raise
+
+    def flush(self) -> None:
+        """``fsync`` every mapped file (the page cache of a shared mapping is the file's)."""
+        for file in self.paths:
+            fd = os.open(file, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

@@ -1,22 +1,33 @@
-"""``shared.bin`` of a :class:`~rbdata.storages.MemmapStorage`: the write lock and counter.
+"""What the processes of a shared :class:`~rbdata.storages.MemmapStorage` share.
 
-Created when a storage is first shared between processes (pickled, forked, ``share()``); see
-``docs/distributed.md`` for how writers and the learner use it.
+- :class:`SharedState`: ``shared.bin``, the write lock and the total-writes counter, created
+  when a storage is first shared between processes (pickled, forked, ``share()``); see
+  ``docs/distributed.md`` for how writers and the learner use it;
+- :class:`Sharing`: a storage's side of it: the state (this process's until shared), the
+  per-slot version words (``versions.bin``) once shared, and the nesting of the write lock.
 """
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import mmap
 import os
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
+from rbdata._files import inside
+from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._header import HEADER_BYTES
 from rbdata.storages.memmap._rawfile import open_fd, regular_size
+from rbdata.storages.memmap._versions import VERSIONS_FILE, SlotVersions
 
-__all__ = ["SharedState"]
+__all__ = ["SHARED_FILE", "SharedState", "Sharing"]
+
+SHARED_FILE = "shared.bin"
 
 _SMAGIC = int.from_bytes(b"RBDSHR01", "little")
 
@@ -107,3 +118,62 @@ class SharedState:
         if self._fd >= 0:
             os.close(self._fd)
             self._fd = -1
+
+
+class Sharing:
+    """A storage's side of sharing its directory: the state, the slots' versions, the lock.
+
+    Args:
+        root: the storage directory (``shared.bin`` and ``versions.bin`` go there).
+        capacity: the storage's capacity (one version word per slot).
+        state: the :class:`SharedState` to start from: this process's (``path=None``) or,
+            for a storage that joins sharers, the mapped ``shared.bin``.
+
+    Until :meth:`share`, the count lives in this process and nothing is locked or marked.
+    """
+
+    def __init__(self, root: Path, capacity: int, state: SharedState) -> None:
+        self.state = state
+        self.versions: SlotVersions | None = None  # per-slot sequence words once shared
+        self._root = root
+        self._capacity = capacity
+        self._depth = 0  # write-lock nesting in this process (the flock is taken once)
+
+    def share(self) -> None:
+        """Map ``shared.bin`` (seeded with this process's count) and the slots' version words."""
+        if self.state.path is None:
+            state = SharedState(inside(self._root, SHARED_FILE), seed=self.state.writes)
+            self.state.close()
+            self.state = state
+        self.versions = SlotVersions(inside(self._root, VERSIONS_FILE), self._capacity)
+
+    @contextlib.contextmanager
+    def locked(self) -> Iterator[None]:
+        """Hold the write lock of ``shared.bin``; nested holds in this process take it once."""
+        state = self.state
+        outer = self._depth == 0  # nested (a reader's fallback inside a locked read)
+        if outer:
+            state.lock()
+        self._depth += 1
+        try:
+            yield
+        finally:
+            self._depth -= 1
+            if outer:
+                state.unlock()
+
+    def marks(self, target: WriteTarget) -> contextlib.AbstractContextManager[Any]:
+        """The version marks of a write of ``target`` (once shared; else nothing)."""
+        versions = self.versions
+        return contextlib.nullcontext() if versions is None else versions.writing(target)
+
+    def count(self, n: int) -> int:
+        """Count ``n`` committed items; return the count before (see :meth:`SharedState.count`)."""
+        return self.state.count(n)
+
+    def close(self) -> None:
+        """Release the version words and the state (a second call does nothing)."""
+        if self.versions is not None:
+            self.versions.close()
+            self.versions = None
+        self.state.close()

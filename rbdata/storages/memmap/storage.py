@@ -33,48 +33,60 @@ of a slot another process overwrites meanwhile: ``versions.bin`` holds one seque
 slot, odd while a writer changes the slot, and a read re-reads the rows whose words moved
 (``_versions.py``).
 
-``MemmapStorage`` itself is a thin composition: the mechanisms live beside it in this package
-and are bound as its methods (``_lifecycle.py``: open, pickle, flush, close; ``_sharing.py``:
-becoming shared, the write lock; ``_writes.py``: commits and journal transactions).
+``MemmapStorage`` opens, pickles, closes and shares its directory itself; it holds the
+objects that own the rest: its :class:`~rbdata.storages.memmap._header.Header`, a
+:class:`~rbdata.storages.memmap._shared.Sharing` (``shared.bin``'s counter and lock, the
+slots' version words) and a :class:`~rbdata.storages.memmap._writepath.WritePath` (the redo
+journal, the packed row writer, this process's write counts: ``_writepath.py``).
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
+import weakref
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import torch
 
-from rbdata._files import atomic_write_json, storage_dir
+from rbdata._files import atomic_write_json, inside, storage_dir
 from rbdata._holders import Holders
 from rbdata._ids import new_id
 from rbdata._layout import Layout
 from rbdata._torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
-from rbdata.errors import ReadOnlyError
+from rbdata.errors import CheckpointError, ReadOnlyError
 from rbdata.storages import _memory
-from rbdata.storages.base import Storage
-from rbdata.storages.memmap import _lifecycle, _sharing, _writes
+from rbdata.storages._persist import check_config
+from rbdata.storages._target import WriteTarget
+from rbdata.storages.base import Codec, Prepared, Storage
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
+    JOURNAL_FILE,
     LAYOUT_FILE,
+    check_counts,
     check_meta,
     layout_meta,
     read_layout,
+    storage_id,
 )
 from rbdata.storages.memmap._header import Header
-from rbdata.storages.memmap._journal import Journal
-from rbdata.storages.memmap._packed import PackedRow
-from rbdata.storages.memmap._persist import MemmapFiles
-from rbdata.storages.memmap._shared import SharedState
-from rbdata.storages.memmap._sharing import LIVE
-from rbdata.storages.memmap._versions import SlotVersions, consistent_rows
+from rbdata.storages.memmap._journal import Journal, read_orphan
+from rbdata.storages.memmap._journal_format import Plan
+from rbdata.storages.memmap._rawfile import DataFiles
+from rbdata.storages.memmap._shared import SHARED_FILE, SharedState, Sharing
+from rbdata.storages.memmap._versions import consistent_rows
+from rbdata.storages.memmap._writepath import WritePath
+from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["MemmapStorage"]
 
+#: every open storage of this process (a fork shares them all; ``open`` adopts one)
+LIVE: weakref.WeakSet[MemmapStorage] = weakref.WeakSet()
 
-class MemmapStorage(MemmapFiles):
+
+class MemmapStorage(TensorStorage):
     """Items in memory-mapped files, one per leaf, plus a JSON layout and a tiny header.
 
     Every write is atomic across a SIGKILL (see the module docstring). Many processes may
@@ -101,11 +113,9 @@ class MemmapStorage(MemmapFiles):
         >>> storage.close()
     """
 
+    kind = "memmap"
+    marker_file = LAYOUT_FILE
     writes_rows = True  # see Storage.writes_rows (declared per class)
-    _row: PackedRow | None = None  # the packed per-step add of a small layout (see add_fast)
-    _versions: SlotVersions | None = None  # per-slot sequence words once shared (_versions.py)
-    _lock_depth = 0  # write_lock nesting in this process (the flock is taken once)
-    _own = 0  # items this process committed through commit (see own_writes)
     _read_only = False  # opened read_only=True: every write refused (see open)
 
     @torchrl_keywords(MEMMAP_KEYWORDS)
@@ -115,18 +125,18 @@ class MemmapStorage(MemmapFiles):
         self._path = root
         self._private = False
         self._id: str | None = new_id()  # layout.json's id, in every data file's trailer
-        self._journal: Journal | None = None
-        self._data_files: list[Path] = []
+        self._files = DataFiles(self.capacity, self._id, private=False)
         self._header = Header(root / HEADER_FILE, create=True, ident=self._id)
-        self._state = SharedState(None)  # the file comes when the storage is shared
+        # the shared file comes when the storage is shared
+        self._sharing = Sharing(root, self.capacity, SharedState(None))
+        self._writes = WritePath(root, self.capacity, self._header, self._sharing, private=False)
         self._shared = False
-        self._last_write = (0, 0)
         self._holders: Holders | None = None
         atomic_write_json(root / LAYOUT_FILE, self._meta(None))
         self._holders = Holders(root, "MemmapStorage")  # a new directory: the one holder
         LIVE.add(self)
 
-    # --- opening, closing, pickling (the mechanisms: _lifecycle.py) -----------------------
+    # --- opening, closing, pickling ----------------------------------------------------------
     @classmethod
     def open(
         cls, path: str | os.PathLike[str], copy_on_write: bool = False, read_only: bool = False
@@ -162,16 +172,203 @@ class MemmapStorage(MemmapFiles):
             ValueError: naming the file and the field that is corrupt or out of range.
             StorageInUseError: another process holds the directory unshared.
         """
-        return _lifecycle.open_dir(cls, path, copy_on_write, read_only)
+        root = Path(path)
+        meta = read_layout(root)
+        capacity, layout, files = check_meta(root, meta)
+        storage = cls.__new__(cls)
+        TensorStorage.__init__(storage, capacity, device="cpu")
+        storage._finalizer = None
+        storage._path = root
+        storage._private = private = bool(copy_on_write or read_only)
+        storage._read_only = bool(read_only)
+        storage._id = storage_id(root, meta)
+        storage._files = DataFiles(capacity, storage._id, private)
+        storage._shared = False
+        storage._holders = None
+        if not private:  # alone, joining sharers, or refused (see MemmapStorage.open)
+            storage._holders = Holders(root, "MemmapStorage", lambda: cls._adopt(root))
+        try:  # a refusal below closes what was opened (the hold on the directory)
+            storage._header = header = Header(
+                inside(root, HEADER_FILE), create=False, private=private, ident=storage._id
+            )
+            shared = None if private else inside(root, SHARED_FILE)
+            if shared is not None and not shared.exists():
+                shared = None  # never shared yet: created by _become_shared
+            storage._sharing = sharing = Sharing(root, capacity, SharedState(shared))
+            storage._writes = WritePath(root, capacity, header, sharing, private)
+            header.check(capacity, layout is not None)
+            if layout is not None:
+                storage._map_files(layout, files)
+                storage._replay()
+            if storage._holders is not None and storage._holders.shared:
+                storage._become_shared()
+        except BaseException:
+            storage.close()
+            raise
+        LIVE.add(storage)
+        return storage
 
-    _check_header = _lifecycle.check_header
-    _map_files = _lifecycle.map_files
-    _replay = _lifecycle.replay
-    __getstate__ = _lifecycle.get_state
-    __setstate__ = _lifecycle.set_state
-    flush = _lifecycle.flush
-    close = _lifecycle.close
-    _allocate = _lifecycle.allocate
+    def _map_files(self, layout: Layout, files: list[Path]) -> None:
+        """Map the leaves' files (sizes checked) and make them the storage's buffers."""
+        buffers, mapped = self._files.map(layout, files)
+        self._set_buffers(buffers, layout, mapped)
+        self._layout = layout
+        self._files.paths = files
+
+    def _replay(self) -> None:
+        """Replay a committed journal left by a writer that died (if no live process writes)."""
+        file = self._path / JOURNAL_FILE
+        layout = self._layout
+        if layout is None or not (file.exists() or file.is_symlink()):
+            return
+        inside(self._path, JOURNAL_FILE)
+        if self._private:
+            orphan = read_orphan(file, layout, self.capacity)
+            if orphan is not None:
+                self._apply(*orphan)
+            return
+        journal = Journal(file, layout, self.capacity)
+        try:
+            journal.replay_if_orphaned(self._apply)
+        finally:
+            journal.close()
+
+    def __getstate__(self) -> dict[str, Any]:
+        """A shared storage sends its path, a private copy its data."""
+        self._check_open()
+        if self._read_only:  # nothing written here: the receiver opens the files read-only
+            return {"path": str(self._path), "read_only": True}
+        if not self._private:
+            self._become_shared()  # the receiver may write while this process does
+            return {"path": str(self._path)}
+        # private writes are in this process only: send the data (like a TensorStorage)
+        layout = None if self._layout is None else self._layout.to_json()
+        return {
+            "path": str(self._path),
+            "capacity": self.capacity,
+            "layout": layout,
+            # the rows (each leaf's bytes once; shared memory for another process), taken
+            # under the storage's move lock: no write of another thread is lost to the move
+            "buffers": _memory.ship(self._tensors(), self._layout, self._move_lock),
+            "header": [self._header.length, self._header.next],
+        }
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """The same files mapped again, or a private copy rebuilt."""
+        if "buffers" not in state:
+            read_only = bool(state.get("read_only", False))
+            other = type(self).open(state["path"], read_only=read_only)
+            LIVE.discard(other)
+            self.__dict__.update(other.__dict__)
+            other.__dict__.clear()
+            if not read_only:
+                self._become_shared()
+            LIVE.add(self)
+            return
+        TensorStorage.__init__(self, state["capacity"], device="cpu")
+        self._finalizer, self._path, self._private = None, Path(state["path"]), True
+        self._id = None  # a private copy writes no file
+        self._files = DataFiles(self.capacity, None, private=True)
+        length, nxt = state["header"]
+        self._header = Header.private_copy(length, nxt, self._path / HEADER_FILE)
+        self._sharing = Sharing(self._path, self.capacity, SharedState(None))
+        self._writes = WritePath(self._path, self.capacity, self._header, self._sharing, True)
+        self._shared = False
+        if state["layout"] is not None:
+            self._layout = Layout.from_json(state["layout"])
+            self._set_buffers(_memory.received(state["buffers"]), self._layout)
+
+    def flush(self) -> None:
+        """Write the mapped pages back to disk (``msync``): durability against power loss.
+
+        A SIGKILL of the process loses nothing that an ``extend`` wrote before it returned
+        (the page cache outlives the process); a power loss can, unless ``flush`` ran since.
+        A private copy (``open(..., copy_on_write=True)``, what a checkpoint loads) has
+        nothing to flush: its writes never reach a file, and the files it was mapped from
+        may be gone (a later ``dumps`` over the same checkpoint removes them).
+        """
+        self._check_open()
+        if self._private:
+            return
+        self._files.flush()
+        self._writes.flush()
+        self._header.flush()
+
+    def close(self) -> None:
+        """Unmap the files; a temporary directory (``path=None``) is removed.
+
+        Every other method of a closed storage raises ``ValueError``.
+        """
+        self._closed = True
+        writes: WritePath | None = getattr(self, "_writes", None)
+        if writes is not None:  # the packed row first, the journal with it
+            writes.close()
+        self._buffers = []
+        self._np_buffers = None
+        self._mapped = None
+        self._guard = ()
+        self._plain = False
+        self._layout = None
+        if getattr(self, "_header", None) is not None:
+            self._header.close()
+            self._header = None  # type: ignore[assignment]
+        sharing: Sharing | None = getattr(self, "_sharing", None)
+        if sharing is not None:  # the version words, then shared.bin
+            sharing.close()
+        if getattr(self, "_holders", None) is not None:
+            self._holders.close()  # type: ignore[union-attr]
+            self._holders = None
+        finalizer = getattr(self, "_finalizer", None)
+        if finalizer is not None:
+            finalizer()
+
+    def _allocate(self, layout: Layout) -> None:
+        """Create and map the files of the layout fixed by the first write, then layout.json."""
+        if self._private:  # never create files in a directory opened copy-on-write
+            TensorStorage._allocate(self, layout)
+            return
+        meta = self._meta(layout)
+        files = [inside(self._path, name, "data file") for name in meta["files"]]
+        try:
+            with self._files.created(layout, files):  # removed again if the rest fails
+                self._map_files(layout, files)
+                atomic_write_json(self._path / LAYOUT_FILE, meta)
+        except BaseException:
+            self._buffers, self._np_buffers, self._layout = [], None, None
+            self._mapped, self._guard = None, ()
+            raise
+        self._layout = None  # the base sets it once _allocate returned
+
+    # --- persistence hooks (the whole-array dump is TensorStorage's: _persist.py) ------------
+    @classmethod
+    def restore(
+        cls,
+        directory: Path,
+        config: dict[str, Any],
+        state: Any,
+        codec: Codec,
+        tensors: list[torch.Tensor],
+        plan: Any,
+    ) -> MemmapStorage:
+        """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
+        storage = cls.open(directory, copy_on_write=True)
+        try:
+            check_counts(storage, directory)
+        except CheckpointError:
+            storage.close()
+            raise
+        check_config(storage, config)
+        return storage
+
+    @classmethod
+    def empty_like(
+        cls,
+        src: Storage,
+        path: str | os.PathLike[str] | None = None,
+        block_rows: int | None = None,
+    ) -> MemmapStorage:
+        """A new storage of ``src``'s capacity at ``path``."""
+        return cls(src.capacity, path=path)
 
     def config(self) -> dict[str, Any]:
         """``max_size`` (checkpoints carry the data; the path is chosen when loading)."""
@@ -232,9 +429,35 @@ class MemmapStorage(MemmapFiles):
                     return True
         return False
 
-    _become_shared = _sharing.become_shared
-    write_lock = _sharing.write_lock
-    _marks = _sharing.marks
+    @classmethod
+    def _share_all(cls) -> None:
+        """Before a fork: parent and child both may write, every open storage becomes shared."""
+        for storage in list(LIVE):
+            if not storage._closed and not storage._private:
+                storage._become_shared()
+
+    def _become_shared(self) -> None:
+        """Join the holders as a sharer, map ``shared.bin`` and the slots' version words."""
+        if self._private or self._shared:
+            return
+        if self._holders is not None:  # first: a later open joins shared, never refused
+            self._holders.share()
+        self._sharing.share()
+        self._shared = True
+
+    @contextlib.contextmanager
+    def write_lock(self) -> Iterator[None]:
+        """Hold the write lock of the directory: no other process writes meanwhile.
+
+        Inside, ``len``, ``next_slot`` and the layout are current (a layout fixed by another
+        process is mapped on entry). Writers of a shared storage hold it across reserve +
+        write + publish; a reader may hold it to read rows no writer is changing.
+        """
+        self._check_open()
+        with self._sharing.locked():
+            if self._layout is None:
+                self._current_layout()
+            yield
 
     @property
     def shared(self) -> bool:
@@ -246,7 +469,7 @@ class MemmapStorage(MemmapFiles):
         """Items committed so far by every process (monotonic; kept in ``shared.bin``)."""
         if self._closed:
             self._check_open()
-        return self._state.writes
+        return self._sharing.state.writes
 
     @property
     def items_written(self) -> int:
@@ -256,12 +479,12 @@ class MemmapStorage(MemmapFiles):
     @property
     def last_write(self) -> tuple[int, int]:
         """``write_count`` just before and just after this process's last commit."""
-        return self._last_write
+        return self._writes.last_write
 
     @property
     def own_writes(self) -> int:
         """Items this process committed through :meth:`commit` (every write while shared)."""
-        return self._own
+        return self._writes.own
 
     # --- hooks -----------------------------------------------------------------------------
     def __len__(self) -> int:
@@ -303,14 +526,117 @@ class MemmapStorage(MemmapFiles):
                 "writes that stay in this process); nothing was written"
             )
 
-    # --- the write path (bound from _writes.py: no extra call on add / extend) -------------
-    commit = _writes.commit
-    add_fast = _writes.add_fast
-    write_row = _writes.write_row
-    write_rows = _writes.write_rows
-    _ready_journal = _writes.ready_journal
-    _journaled = _writes.journaled
-    _apply = _writes.apply
+    # --- the write path (the journal's side: _writepath.py) -----------------------------------
+    def commit(self, target: WriteTarget, prepared: Prepared) -> None:
+        """Write prepared data where ``target`` says, atomically (see the module docstring).
+
+        A shared storage takes its write lock around the write (a writer that reserved its
+        slots holds it already: it nests), so a ``set`` of this process and another process's
+        write never interleave, and the cursor it moves or keeps is the one every process sees.
+        """
+        self._check_writable()
+        if not self._shared:
+            self._commit(target, prepared)
+            return
+        with self.write_lock():
+            self._commit(target, prepared)
+
+    def _commit(self, target: WriteTarget, prepared: Prepared) -> None:
+        if prepared.layout is not None:
+            # a shared storage: fixed by another process since this one prepared the data?
+            if (
+                self._shared
+                and self._layout is None
+                and self._current_layout() not in (None, prepared.layout)
+            ):
+                raise ValueError(
+                    "data: its layout differs from the layout another process gave the "
+                    f"storage first ({self._layout}); nothing was written"
+                )
+            self._ensure_layout(prepared.layout)
+        header = self._header
+        length = len(self)
+        new_length = max(length, target.top)
+        new_next = target.next_slot(self.capacity, header.next)
+        with self._sharing.marks(target):  # shared: readers re-read these slots meanwhile
+            if target.touches(length) and not self._private:
+                journal = self._ready_journal()
+                self._writes.journaled(
+                    journal,
+                    self._views(),
+                    target,
+                    prepared.payload,
+                    new_length,
+                    new_next,
+                    not self._shared,  # shared: another process may have written the journal
+                    self._apply,
+                )
+            else:
+                if target.item:
+                    self._write_one(target.first, prepared.payload)
+                else:
+                    self._write(target, prepared.payload)
+                header.publish(new_length, new_next)
+        self._writes.count(target.n, own=True)  # counted after the header is published
+
+    def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
+        """:meth:`TensorStorage.add_fast`; a small layout's item packed and written at once.
+
+        See ``rbdata/storages/memmap/_packed.py``: one ``struct`` call and one kernel instead
+        of a numpy assignment per leaf, twice (journal and file) for an overwrite.
+        """
+        writes = self._writes
+        row = writes.row
+        if row is None or self._shared or self._closed:
+            return TensorStorage.add_fast(self, slot, item, check)
+        flat = row.read(item)
+        if flat is None or not 0 <= slot < self._capacity:
+            return False
+        if check is not None:
+            check(slot, item)
+        writes.add_packed(row, flat, slot, self._ready_journal)
+        return True
+
+    def write_row(self, slot: int, values: list[Any]) -> bool:
+        """:meth:`TensorStorage.write_row`, crash-atomic (journaled over a live slot).
+
+        Under the storage's move lock, like TensorStorage's: a private copy's memory may be
+        moved by a pickle for another process (shared memory) in another thread.
+        """
+        if self._shared or self._closed or self._read_only:
+            return False
+        with self._move_lock:  # no move between the views and the last byte (see _memory)
+            arrays = self._views()
+            if arrays is None:
+                return False
+            self._writes.write_row(arrays, slot, values, self._ready_journal)
+        return True
+
+    def write_rows(self, start: int, n: int, values: list[Any]) -> bool:
+        """:meth:`TensorStorage.write_rows`, crash-atomic (journaled over live slots)."""
+        if self._shared or self._np_buffers is None or self._closed or self._read_only:
+            return False
+        self._writes.write_rows(start, n, values, self._put_rows, self._ready_journal)
+        return True
+
+    def _ready_journal(self) -> Journal:
+        """The journal, created on first use, with any transaction a dead writer left applied."""
+        layout = self._layout
+        assert layout is not None
+        journal = self._writes.open_journal(layout)
+        if journal.committed:  # left by a writer that died: finish it first
+            transaction = journal.read()
+            with self._sharing.marks(transaction[1]):
+                self._apply(*transaction)
+            journal.clear()
+        return journal
+
+    def _apply(
+        self, kind: int, target: WriteTarget, rows: int, length: int, nxt: int, plan: Plan
+    ) -> None:
+        """Copy a journal transaction into the files, then publish its header."""
+        del kind, rows
+        self._writes.apply(self._views(), self._tensors(), target, length, nxt, plan)
 
     def _set_buffers(
         self,
@@ -319,28 +645,25 @@ class MemmapStorage(MemmapFiles):
         mapped: list[_memory.Mapping | None] | None = None,
     ) -> None:
         super()._set_buffers(buffers, layout, mapped)
-        self._row = None
         unpacker = self._unpacker
-        if unpacker is not None and not self._private:
-            self._row = PackedRow.for_storage(
-                layout,
-                unpacker.unpack_flat,
-                self._np_buffers,
-                self._header.address(),
-                self._state.local_counter(),
-            )
+        unpack_flat = None if unpacker is None else unpacker.unpack_flat
+        self._writes.bind_row(layout, unpack_flat, self._np_buffers)
 
     def _rows(self, idx: torch.Tensor) -> list[torch.Tensor]:
         """:meth:`TensorStorage._rows`; shared: no row torn by another process's write."""
-        versions = self._versions
+        versions = self._sharing.versions
         if versions is None:
             return super()._rows(idx)
         return consistent_rows(versions, idx, super()._rows, self.write_lock)
 
     def _get(self, index: int) -> Any:
-        if self._versions is None:
+        if self._sharing.versions is None:
             return super()._get(index)
         layout = self._layout
         assert layout is not None  # len() > 0 implies a layout
         rows = self._rows(torch.tensor([index]))  # a consistent copy, not a view
         return layout.assemble([t[0] for t in rows], torch.Size(), self.device)
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=MemmapStorage._share_all)
