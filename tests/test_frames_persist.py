@@ -20,6 +20,7 @@ from rbdata import ReplayBuffer
 from rbdata.errors import CheckpointError, ReadOnlyError, StorageInUseError
 from rbdata.inspect import format_summary, inspect_path
 from rbdata.storages import FrameStackStorage, TensorStorage
+from rbdata.storages.base import SavedStorage
 from rbdata.storages.frames import _pool
 
 
@@ -282,7 +283,9 @@ def test_hooks_called_directly(tmp_path: Path, on_disk: bool) -> None:
     config = storage.config()
     plan = FrameStackStorage.check_dump(directory, config, state, meta_file)
     assert plan[0] == 97
-    restored = FrameStackStorage.restore(directory, config, state, _codec, tensors, plan)
+    restored = FrameStackStorage.restore(
+        SavedStorage(directory, config, state, _codec, tensors, plan)
+    )
     assert_same(restored, ref)
     info, problems = FrameStackStorage.describe(directory, config, state, meta_file)
     assert problems == [] and (info.capacity, info.length) == (97, 97)

@@ -28,6 +28,7 @@ from rbdata.storages import (
     storage_kind,
     storage_kinds,
 )
+from rbdata.storages.base import SavedStorage
 
 MAKERS = {
     "list": lambda: ListStorage(8),
@@ -82,7 +83,7 @@ def test_dump_check_restore_describe_round_trip(tmp_path: Path, name: str) -> No
     meta_file = tmp_path / "checkpoint.json"
     plan = cls.check_dump(directory, config, state, meta_file)
     assert plan[0] == storage.capacity
-    restored = cls.restore(directory, config, state, _codec, tensors, plan)
+    restored = cls.restore(SavedStorage(directory, config, state, _codec, tensors, plan))
     try:
         assert type(restored) is cls
         assert len(restored) == len(storage) and restored.next_slot == storage.next_slot

@@ -16,7 +16,7 @@ import torch
 
 from rbdata.checkpoint import _codec
 from rbdata.checkpoint._storage_checks import DIR, check_storage
-from rbdata.storages.base import Storage
+from rbdata.storages.base import SavedStorage, Storage
 
 __all__ = [
     "check_storage",
@@ -47,7 +47,7 @@ def restore_storage(
 
     ``plan`` is what :func:`check_storage` returned for it (which must have run first).
     """
-    return cls.restore(root / DIR, config, state, _codec, tensors, plan)
+    return cls.restore(SavedStorage(root / DIR, config, state, _codec, tensors, plan))
 
 
 def storage_state(storage: Storage) -> dict[str, Any]:

@@ -15,6 +15,7 @@ class is checkpointable once it implements them. Only ``Storage`` derives from t
 from __future__ import annotations
 
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, final
 
@@ -28,7 +29,33 @@ from rbdata.storages._describe import StorageInfo
 if TYPE_CHECKING:
     from rbdata.storages.base import Storage
 
-__all__ = ["PersistenceHooks"]
+__all__ = ["PersistenceHooks", "SavedStorage"]
+
+
+@dataclass(frozen=True)
+class SavedStorage:
+    """What :meth:`~rbdata.storages.Storage.restore` rebuilds a storage from.
+
+    One value instead of six arguments, so a storage class reads what it needs and the
+    contract can grow without touching every implementation.
+
+    Attributes:
+        directory: the files :meth:`~rbdata.storages.Storage.dump` wrote (never written
+            to: a restored storage maps them copy-on-write or copies them).
+        config: the saved constructor arguments (``storage.config()``).
+        state: the JSON state :meth:`~rbdata.storages.Storage.dump` returned.
+        codec: decodes the values of ``state`` that are not JSON.
+        tensors: the checkpoint's tensors, which ``codec`` decodes from.
+        plan: what :meth:`~rbdata.storages.Storage.check_dump` returned (it ran first): a
+            tuple whose first item is the capacity.
+    """
+
+    directory: Path
+    config: dict[str, Any]
+    state: Any
+    codec: Codec
+    tensors: list[torch.Tensor]
+    plan: Any
 
 
 class PersistenceHooks:
@@ -89,19 +116,12 @@ class PersistenceHooks:
         raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
 
     @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> Storage:
-        """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned ``plan``).
+    def restore(cls, saved: SavedStorage) -> Storage:
+        """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned a plan).
 
-        The new storage never writes into ``directory``: it maps it copy-on-write or copies
-        it. ``tensors`` are the checkpoint's, for ``codec`` to decode the state.
+        ``saved`` (:class:`SavedStorage`) holds the directory, the saved config and state,
+        the codec and tensors to decode the state with, and :meth:`check_dump`'s plan. The
+        new storage never writes into the directory: it maps it copy-on-write or copies it.
 
         Raises:
             rbdata.errors.CheckpointError: if the data contradicts the metadata.

@@ -33,11 +33,11 @@ from rbdata._layout_keys import is_structured
 from rbdata._layout_values import EMPTY_BATCH, stack_items
 from rbdata.storages._codec import Codec
 from rbdata.storages._collate import wrap_for_collate
-from rbdata.storages._persist_hooks import PersistenceHooks
+from rbdata.storages._persist_hooks import PersistenceHooks, SavedStorage
 from rbdata.storages._prepared import Prepared
 from rbdata.storages._target import WriteTarget
 
-__all__ = ["Codec", "Prepared", "Storage", "WriteIndex", "WriteTarget"]
+__all__ = ["Codec", "Prepared", "SavedStorage", "Storage", "WriteIndex", "WriteTarget"]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor

@@ -17,7 +17,7 @@ from rbdata._layout_keys import is_structured
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import StorageInfo, key_infos
 from rbdata.storages._persist import saved_counts
-from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
+from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
 
 __all__ = ["ListStorage"]
 
@@ -286,16 +286,9 @@ class ListStorage(Storage):
         return capacity, []
 
     @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> ListStorage:
+    def restore(cls, saved: SavedStorage) -> ListStorage:
         """A new storage holding the items of the state."""
+        config, state, codec, tensors = saved.config, saved.state, saved.codec, saved.tensors
         return cls._from_json_state(config, state, codec, tensors)
 
     def dump_state(self, codec: Codec) -> dict[str, Any]:

@@ -15,7 +15,7 @@ from rbdata._torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl
 from rbdata.storages import _memory
 from rbdata.storages._staging import same_device, to_device
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
-from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
+from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
 
 if TYPE_CHECKING:
     from rbdata.storages._describe import StorageInfo
@@ -332,16 +332,9 @@ class TensorStorage(Storage):
         return _persist.check_dumped(cls, directory, config, state)
 
     @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> TensorStorage:
+    def restore(cls, saved: SavedStorage) -> TensorStorage:
         """The files mapped copy-on-write; a CUDA storage copies them to its device."""
+        directory, config = saved.directory, saved.config
         from rbdata.storages.memmap import _persist
 
         return _persist.restore_tensors(cls, directory, config)

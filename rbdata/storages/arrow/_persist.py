@@ -39,7 +39,7 @@ from rbdata.storages.arrow._checks import (
     parse_meta,
 )
 from rbdata.storages.arrow._journal import JOURNAL_FILE
-from rbdata.storages.base import Codec, Storage
+from rbdata.storages.base import Codec, SavedStorage, Storage
 
 __all__ = ["ArrowFiles"]
 
@@ -211,16 +211,9 @@ class ArrowFiles(Storage):
         return _check_dumped(directory, config)
 
     @classmethod
-    def restore(
-        cls: type[_A],
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> _A:
+    def restore(cls: type[_A], saved: SavedStorage) -> _A:
         """A copy of the files the metadata names, in a temporary directory of its own."""
+        directory, config, plan = saved.directory, saved.config, saved.plan
         names = plan[1]
 
         def copy(own: Path) -> None:  # only the files the metadata names, no symlink

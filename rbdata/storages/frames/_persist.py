@@ -34,7 +34,7 @@ from rbdata._layout import Layout
 from rbdata.errors import CheckpointError, ReadOnlyError
 from rbdata.storages._describe import StorageInfo
 from rbdata.storages._persist import check_config
-from rbdata.storages.base import Codec, Storage
+from rbdata.storages.base import Codec, SavedStorage, Storage
 from rbdata.storages.frames._codecs import FrameCodec
 from rbdata.storages.frames._dumped import check_dumped, describe_dir, write_frames
 from rbdata.storages.frames._files import FrameFiles
@@ -278,19 +278,12 @@ class FramePersistence(Storage):
         return check_dumped(cls, directory, config, state, meta_file)
 
     @classmethod
-    def restore(
-        cls: type[_F],
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> _F:
+    def restore(cls: type[_F], saved: SavedStorage) -> _F:
         """The dumped directory opened copy-on-write (lazy; writes never reach it).
 
         A storage saved from a GPU is copied to its device.
         """
+        directory, config = saved.directory, saved.config
         try:
             storage = cls.open(directory, copy_on_write=True)
         except (OSError, ValueError) as err:

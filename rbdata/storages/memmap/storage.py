@@ -60,7 +60,7 @@ from rbdata.errors import CheckpointError, ReadOnlyError
 from rbdata.storages import _memory
 from rbdata.storages._persist import check_config
 from rbdata.storages._target import WriteTarget
-from rbdata.storages.base import Codec, Prepared, Storage
+from rbdata.storages.base import Prepared, SavedStorage, Storage
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
@@ -341,16 +341,9 @@ class MemmapStorage(TensorStorage):
 
     # --- persistence hooks (the whole-array dump is TensorStorage's: _persist.py) ------------
     @classmethod
-    def restore(
-        cls,
-        directory: Path,
-        config: dict[str, Any],
-        state: Any,
-        codec: Codec,
-        tensors: list[torch.Tensor],
-        plan: Any,
-    ) -> MemmapStorage:
+    def restore(cls, saved: SavedStorage) -> MemmapStorage:
         """The dumped files mapped copy-on-write: lazy, and writes never reach them."""
+        directory, config = saved.directory, saved.config
         storage = cls.open(directory, copy_on_write=True)
         try:
             check_counts(storage, directory)
