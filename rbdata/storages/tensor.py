@@ -12,7 +12,9 @@ import torch
 from rbdata._device import resolve_device
 from rbdata._layout import STRING, TENSOR, Layout
 from rbdata._torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl_keywords
+from rbdata.errors import CheckpointError
 from rbdata.storages import _memory
+from rbdata.storages._persist import saved_counts
 from rbdata.storages._staging import same_device, to_device
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
 from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
@@ -341,25 +343,47 @@ class TensorStorage(Storage):
 
     def dump_state(self, codec: Codec) -> dict[str, Any]:
         """The counts, the layout and CPU copies of the filled rows of every leaf."""
-        from rbdata.storages.memmap import _persist
-
-        return _persist.tensor_state(self)
+        n, layout = len(self), self.layout
+        return {
+            "length": n,
+            "next": self.next_slot,
+            "layout": None if layout is None else layout.to_json(),
+            "buffers": [b[:n].detach().cpu().clone() for b in self.buffers],
+        }
 
     @classmethod
     def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> TensorStorage:
         """A new storage filled from :meth:`dump_state`."""
-        from rbdata.storages.memmap import _persist
-
-        return _persist.tensors_from_state(cls, config, state)
+        storage = cls(**config)
+        n, nxt = saved_counts(storage, state)
+        if state["layout"] is not None:
+            layout = Layout.from_json(state["layout"])
+            storage._ensure_layout(layout)
+            for buf, data, leaf in zip(
+                storage.buffers, state["buffers"], layout.leaves, strict=True
+            ):
+                if tuple(data.shape) != (n, *leaf.shape) or data.dtype != leaf.dtype:
+                    raise CheckpointError(
+                        f"{cls.__name__}: key {leaf.name}: {data.dtype} {tuple(data.shape)}, "
+                        f"expected {leaf.dtype} {(n, *leaf.shape)}"
+                    )
+                buf[:n].copy_(data)
+        storage._set_length(n)
+        storage._set_next(nxt)
+        return storage
 
     def copy_from(self, src: Storage) -> None:
         """Buffer to buffer from another tensor storage (any device), else rows as the base."""
         if not isinstance(src, TensorStorage):
             return super().copy_from(src)
-        from rbdata.storages.memmap import _persist
-
+        n = len(src)
         with self._move_lock:  # torch copies into the buffers: no move meanwhile
-            _persist.copy_tensors(self, src)
+            if src.layout is not None:
+                self._ensure_layout(src.layout)
+                for d, s in zip(self.buffers, src.buffers, strict=True):
+                    d[:n].copy_(s[:n])
+            self._set_length(n)
+            self._set_next(src.next_slot)
         self._items_written += len(src)  # whatever class: see Storage.items_written
 
     @classmethod

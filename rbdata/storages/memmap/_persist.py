@@ -5,7 +5,6 @@
 - :func:`check_dumped`: the metadata and every file it names, before anything is mapped;
 - :func:`restore_tensors`: the files mapped copy-on-write by a :class:`MemmapStorage` (lazy;
   writes never reach them), a CUDA storage's copied to its device;
-- :func:`tensor_state` / :func:`tensors_from_state`: the ``torch.save``-able form;
 - :func:`describe_dir`: counts, keys and problems of a directory, metadata only.
 """
 
@@ -21,10 +20,9 @@ from rbdata._checked import plain_file, read_json
 from rbdata._checksum import entry, file_entry, submit_tensor_crc
 from rbdata._files import inside, open_nofollow
 from rbdata._ids import TRAILER_BYTES
-from rbdata._layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
-from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size, saved_counts
+from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
@@ -41,12 +39,9 @@ from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "check_dumped",
-    "copy_tensors",
     "describe_dir",
     "dump_tensors",
     "restore_tensors",
-    "tensor_state",
-    "tensors_from_state",
 ]
 
 
@@ -128,49 +123,6 @@ def restore_tensors(cls: type[TensorStorage], src: Path, config: dict[str, Any])
     storage._length, storage._next = len(mapped), mapped.next_slot
     check_config(storage, config)
     return storage
-
-
-def tensor_state(storage: TensorStorage) -> dict[str, Any]:
-    """The counts, the layout and the filled rows of every leaf (CPU copies)."""
-    n, layout = len(storage), storage.layout
-    return {
-        "length": n,
-        "next": storage.next_slot,
-        "layout": None if layout is None else layout.to_json(),
-        "buffers": [b[:n].detach().cpu().clone() for b in storage.buffers],
-    }
-
-
-def tensors_from_state(
-    cls: type[TensorStorage], config: dict[str, Any], state: Any
-) -> TensorStorage:
-    """A new ``cls(**config)`` filled from :func:`tensor_state`."""
-    storage = cls(**config)
-    n, nxt = saved_counts(storage, state)
-    if state["layout"] is not None:
-        layout = Layout.from_json(state["layout"])
-        storage._ensure_layout(layout)
-        for buf, data, leaf in zip(storage.buffers, state["buffers"], layout.leaves, strict=True):
-            if tuple(data.shape) != (n, *leaf.shape) or data.dtype != leaf.dtype:
-                raise CheckpointError(
-                    f"{cls.__name__}: key {leaf.name}: {data.dtype} {tuple(data.shape)}, "
-                    f"expected {leaf.dtype} {(n, *leaf.shape)}"
-                )
-            buf[:n].copy_(data)
-    storage._set_length(n)
-    storage._set_next(nxt)
-    return storage
-
-
-def copy_tensors(dst: TensorStorage, src: TensorStorage) -> None:
-    """The filled rows of ``src``'s buffers into ``dst``'s, and its counts."""
-    n = len(src)
-    if src.layout is not None:
-        dst._ensure_layout(src.layout)
-        for d, s in zip(dst.buffers, src.buffers, strict=True):
-            d[:n].copy_(s[:n])
-    dst._set_length(n)
-    dst._set_next(src.next_slot)
 
 
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
