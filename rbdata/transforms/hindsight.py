@@ -21,7 +21,7 @@ from rbdata._layout import Key
 from rbdata._layout_keys import key_name
 from rbdata.transforms._batch import check_probs, check_ratio, get_entry, leaf_names, put_entry
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
-from rbdata.transforms._relabel_cpu import ColumnPlan, relabel_batch, relabel_on_cpu, set_rewards
+from rbdata.transforms._relabel_cpu import CpuRelabel, blend_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
 __all__ = ["HindsightRelabel"]
@@ -156,16 +156,10 @@ class HindsightRelabel:
         #: the strategy's code in the kernels (``_goals.STRATEGIES``)
         self.code = STRATEGIES[strategy]
         self._log_discount = math.log(self.discount) if self.discount > 0 else -math.inf
-        # the kernel's float arguments (for _relabel_cpu): p_cur, p_traj, log(discount) (nan
-        # for uniform later steps)
-        log_discount = self._log_discount if self.geom_sample else math.nan
-        self.floats = np.array([self.goal_probs[0], self.goal_probs[1], log_discount])
-        self._scratch: tuple[Any, ...] | None = None
-        #: the CPU path's facts of the storage's goal column (``_relabel_cpu.column_plan``)
-        self.column_plan: ColumnPlan | None = None
         #: held while the episode index and the kernel scratch are in use (one transform may
         #: be called from several threads, as by a ``torchdata.nodes.ParallelMapper``)
         self.draw_lock = threading.Lock()
+        self._cpu = self._cpu_path()
         self._seed = torch.empty(64, dtype=torch.int64)
         self._seeds: list[int] = []  # drawn, not used yet (in reverse order)
         if generator is None:
@@ -201,20 +195,20 @@ class HindsightRelabel:
             seeds.reverse()
         return seeds.pop()
 
-    def scratch(self, n: int, plan: ColumnPlan) -> tuple[np.ndarray, np.ndarray, torch.Size, int]:
-        """Kernel scratch for ``n`` items of ``plan``'s goals, reused from batch to batch.
-
-        An empty ``(0, 4)`` array of doubles (the kernel makes its uniforms where it uses
-        them), ``6 n`` int64, the batch's goal shape ``(n, *goal shape)`` and the count of
-        items relabeled.
-        """
-        scratch = self._scratch
-        ratio = self.her_ratio
-        if scratch is None or scratch[0] != n or scratch[1] is not plan or scratch[6] != ratio:
-            u, order = np.empty((0, 4), np.float64), np.empty(6 * n, np.int64)
-            shape = torch.Size((n, *plan.column.shape[1:]))
-            scratch = self._scratch = (n, plan, u, order, shape, int(ratio * n), ratio)
-        return scratch[2:6]
+    def _cpu_path(self) -> CpuRelabel:
+        """The CPU path (its own goal column plan and scratch), sharing the lock and the draws."""
+        return CpuRelabel(
+            self.episodes,
+            goal_key=self.goal_key,
+            desired_key=self.desired_key,
+            reward_key=self.reward_key,
+            code=self.code,
+            goal_probs=self.goal_probs,
+            log_discount=self._log_discount if self.geom_sample else math.nan,
+            lock=self.draw_lock,
+            sync=self.sync,
+            seed=self.seed,
+        )
 
     def sync(self) -> None:
         """Bring the episode index up to date with the storage.
@@ -251,11 +245,13 @@ class HindsightRelabel:
     def __getstate__(self) -> dict[str, Any]:
         state = self.__dict__.copy()
         state["draw_lock"] = None  # a lock does not pickle: a new one on arrival
+        state["_cpu"] = None  # nor does it: a new CPU path, sharing the new one
         return state
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
         self.draw_lock = threading.Lock()
+        self._cpu = self._cpu_path()
 
     def goal_slots(self, index: torch.Tensor) -> torch.Tensor:
         """The goal slot of each sampled slot in ``index`` (``-1``: not relabeled).
@@ -267,7 +263,9 @@ class HindsightRelabel:
 
     def __call__(self, batch: Any) -> Any:
         """Relabel a sampled batch (a TensorDict carrying ``"index"``); return it."""
-        if type(batch) is TensorDict and relabel_batch(self, batch):
+        if type(batch) is TensorDict and self._cpu.relabel_batch(
+            batch, self._her_ratio, self.reward_fn
+        ):
             return batch  # the CPU fast path did the whole batch
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
@@ -293,7 +291,11 @@ class HindsightRelabel:
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )
         old_next = get_entry(batch, self.next_desired_key)
-        fast = relabel_on_cpu(self, index, old, old_next) if achieved.is_cpu else None
+        fast = (
+            self._cpu.relabel_goals(index, self._her_ratio, old, old_next)
+            if achieved.is_cpu
+            else None
+        )
         if fast is not None:
             desired, new_next, goal_index = fast
             put_entry(batch, self.desired_key, desired)
@@ -317,7 +319,9 @@ class HindsightRelabel:
         desired goals and rewards, new tensors of the storage's gather that nothing else
         holds, are written in place rather than replaced (three allocations less).
         """
-        if type(batch) is TensorDict and relabel_batch(self, batch, in_place=True):
+        if type(batch) is TensorDict and self._cpu.relabel_batch(
+            batch, self._her_ratio, self.reward_fn, in_place=True
+        ):
             return batch
         return self(batch)
 
@@ -355,38 +359,7 @@ class HindsightRelabel:
             TypeError: if ``reward`` is not a tensor or an array.
             ValueError: if it is not one reward per item.
         """
-        n = goal_index.shape[0]
-        cpu = goal_index.is_cpu
-        try:
-            if type(reward) is not torch.Tensor or (
-                reward.is_cpu is not cpu or (not cpu and reward.device != goal_index.device)
-            ):
-                reward = torch.as_tensor(reward, device=goal_index.device)
-        except (TypeError, ValueError, RuntimeError) as err:
-            raise TypeError(
-                f"reward_fn must return one reward per item (a tensor or array), got "
-                f"{type(reward).__name__}"
-            ) from err
-        shape = reward.shape
-        if shape != (n,) and shape != (n, 1):
-            raise ValueError(
-                f"reward_fn returned shape {tuple(reward.shape)}; expected one reward per item: "
-                f"({n},) or ({n}, 1)"
-            )
-        old = get_entry(batch, self.reward_key)
-        if isinstance(old, torch.Tensor):
-            if reward.dtype != old.dtype:
-                reward = reward.to(old.dtype)
-            blended = set_rewards(goal_index, reward, old) if cpu else None
-            if blended is None:
-                if reward.shape != old.shape:
-                    reward = reward.reshape(old.shape)
-                mask = (goal_index >= 0).view((-1,) + (1,) * (old.dim() - 1))
-                blended = torch.where(mask, reward, old)
-            reward = blended
-        else:
-            reward = reward.reshape(n, 1)
-        put_entry(batch, self.reward_key, reward)
+        blend_rewards(batch, self.reward_key, reward, goal_index)
 
     # --- state --------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Any]:
