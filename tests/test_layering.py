@@ -494,8 +494,6 @@ _KNOWN_CYCLES: list[set[str]] = [
         "rbdata.storages.memmap.storage",
         "rbdata.storages.tensor",
     },
-    # HindsightRelabel's CPU path reads the transform (being made an object of its own)
-    {"rbdata.transforms._relabel_cpu", "rbdata.transforms.hindsight"},
 ]
 
 
