@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rbdata.compat._sb3_spaces import ObsSpec
-from rbdata.compat._sb3_writes import (
+from rbdata.compat.sb3._spaces import ObsSpec
+from rbdata.compat.sb3._writes import (
     ACTION,
     ARRAYS,
     DONE,
@@ -59,7 +59,7 @@ class PixelStack(NamedTuple):
 
     Examples:
         >>> import numpy as np
-        >>> from rbdata.compat._sb3_spaces import ObsSpec
+        >>> from rbdata.compat.sb3._spaces import ObsSpec
         >>> atari = PixelStack.of(ObsSpec((84, 84, 4), np.dtype(np.uint8), False), "obs")
         >>> atari.stack, atari.channels_last, atari.stored
         (4, True, (4, 84, 84))

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from rbdata._layout import Layout, nest
-from rbdata.compat._sb3_spaces import ObsSpec
+from rbdata.compat.sb3._spaces import ObsSpec
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
@@ -141,7 +141,7 @@ class StepWriter:
     def stored_shape(self, name: str | None) -> tuple[int, ...]:
         """The per-env shape observation ``name`` is stored in (SB3's own, here).
 
-        A hook (:class:`~rbdata.compat._sb3_frames.FrameStepWriter` stores channel-last
+        A hook (:class:`~rbdata.compat.sb3._frames.FrameStepWriter` stores channel-last
         stacks channels first); called while ``__init__`` builds the staging arrays.
         """
         return self.specs[name].shape
