@@ -381,10 +381,14 @@ class StepWriter:
         bufs = storage.buffers  # type: ignore[attr-defined]
         leaf = self._leaf_of
         if prefix in (OBS, NEXT_OBS) and self.dict_obs:
-            return {n: self._view(bufs[leaf[obs_key(prefix, n)]]) for n in self.specs}
-        return self._view(bufs[leaf[prefix]])
+            return {n: self.slots_view(bufs[leaf[obs_key(prefix, n)]]) for n in self.specs}
+        return self.slots_view(bufs[leaf[prefix]])
 
-    def _view(self, buf: torch.Tensor) -> Any:
+    def slots_view(self, buf: torch.Tensor) -> Any:
+        """A stored leaf ``[capacity, ...]`` as SB3's ``[n_slots, n_envs, ...]`` (a view).
+
+        A numpy array for a CPU buffer, a tensor view on another device.
+        """
         shape = (self.n_slots, self.n_envs, *buf.shape[1:])
         if buf.device.type == "cpu":
             return buf.numpy().reshape(shape)  # a view: the buffers are contiguous
