@@ -53,7 +53,7 @@ def _both(kind: str, n: int, timeouts: bool, optimize: bool, slots: int = 6, **k
     return sb3_buffers.ReplayBuffer(*args), ReplayBuffer(*args, **kw)
 
 
-def _sb3_draw(sb3: Any, batch: int) -> np.ndarray:
+def _draw_as_sb3(sb3: Any, batch: int) -> np.ndarray:
     """SB3's ``batch_inds`` for the current state (its ``sample`` formula)."""
     if sb3.optimize_memory_usage and sb3.full:
         return (np.random.randint(1, sb3.buffer_size, size=batch) + sb3.pos) % sb3.buffer_size
@@ -87,7 +87,7 @@ def _compare(sb3: Any, ours: Any, seed: int, env: Any = None, batch: int = 64) -
     np.random.seed(seed)
     theirs = sb3.sample(batch, env=env)
     np.random.seed(seed)
-    slots = _sb3_draw(sb3, batch)
+    slots = _draw_as_sb3(sb3, batch)
     envs = np.random.randint(0, sb3.n_envs, size=batch)
     _assert_same(theirs, ours._get_samples(slots, env=env, env_indices=envs))
 

@@ -150,7 +150,7 @@ def test_private_crossings_are_found(tmp_path: Path, name: str, source: str, cro
 # --- issue 24: components own their files; packages talk through named contracts ---------------
 _STORAGE_CLASSES = {"ListStorage", "TensorStorage", "MemmapStorage", "ArrowStorage"}
 #: checks of a user's argument (not a switch on the storage's kind): SB3's ``storage=``
-_ARGUMENT_CHECKS = {("compat/_sb3_writes.py", "TensorStorage")}
+_ARGUMENT_CHECKS = {("compat/sb3/_writes.py", "TensorStorage")}
 
 
 def _package(path: Path) -> str:

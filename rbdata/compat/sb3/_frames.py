@@ -32,8 +32,8 @@ from typing import Any, NamedTuple
 import numpy as np
 import torch
 
-from rbdata.compat._sb3_spaces import ObsSpec
-from rbdata.compat._sb3_writes import (
+from rbdata.compat.sb3._spaces import ObsSpec
+from rbdata.compat.sb3._writes import (
     ACTION,
     ARRAYS,
     DONE,
@@ -59,7 +59,7 @@ class PixelStack(NamedTuple):
 
     Examples:
         >>> import numpy as np
-        >>> from rbdata.compat._sb3_spaces import ObsSpec
+        >>> from rbdata.compat.sb3._spaces import ObsSpec
         >>> atari = PixelStack.of(ObsSpec((84, 84, 4), np.dtype(np.uint8), False), "obs")
         >>> atari.stack, atari.channels_last, atari.stored
         (4, True, (4, 84, 84))
@@ -175,7 +175,11 @@ class FrameStepWriter(StepWriter):
         super().__init__(
             n_slots, n_envs, obs, action_dim, action_dtype, next_in_slot=False, timeouts=timeouts
         )
-        self._flags.update(pixels=pixels, codec=codec)
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = super().__getstate__()
+        state["flags"] = {**state["flags"], "pixels": self.pixels, "codec": self.codec}
+        return state
 
     def stored_shape(self, name: str | None) -> tuple[int, ...]:
         """The stacks' stored shape (see :class:`PixelStack`); other observations as SB3's."""
@@ -249,7 +253,7 @@ class FrameStepWriter(StepWriter):
             raise AttributeError(f"the buffer has no array {attr!r}{why}")
         steps = storage.steps  # type: ignore[attr-defined]
         keys = [leaf.key for leaf in steps.layout.leaves]
-        return self._view(steps.buffers[keys.index(prefix)])
+        return self.slots_view(steps.buffers[keys.index(prefix)])
 
 
 def wants_frames(storage: Any) -> bool:

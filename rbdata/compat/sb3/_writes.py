@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from rbdata._layout import Layout, nest
-from rbdata.compat._sb3_spaces import ObsSpec
+from rbdata.compat.sb3._spaces import ObsSpec
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
@@ -141,7 +141,7 @@ class StepWriter:
     def stored_shape(self, name: str | None) -> tuple[int, ...]:
         """The per-env shape observation ``name`` is stored in (SB3's own, here).
 
-        A hook (:class:`~rbdata.compat._sb3_frames.FrameStepWriter` stores channel-last
+        A hook (:class:`~rbdata.compat.sb3._frames.FrameStepWriter` stores channel-last
         stacks channels first); called while ``__init__`` builds the staging arrays.
         """
         return self.specs[name].shape
@@ -381,10 +381,14 @@ class StepWriter:
         bufs = storage.buffers  # type: ignore[attr-defined]
         leaf = self._leaf_of
         if prefix in (OBS, NEXT_OBS) and self.dict_obs:
-            return {n: self._view(bufs[leaf[obs_key(prefix, n)]]) for n in self.specs}
-        return self._view(bufs[leaf[prefix]])
+            return {n: self.slots_view(bufs[leaf[obs_key(prefix, n)]]) for n in self.specs}
+        return self.slots_view(bufs[leaf[prefix]])
 
-    def _view(self, buf: torch.Tensor) -> Any:
+    def slots_view(self, buf: torch.Tensor) -> Any:
+        """A stored leaf ``[capacity, ...]`` as SB3's ``[n_slots, n_envs, ...]`` (a view).
+
+        A numpy array for a CPU buffer, a tensor view on another device.
+        """
         shape = (self.n_slots, self.n_envs, *buf.shape[1:])
         if buf.device.type == "cpu":
             return buf.numpy().reshape(shape)  # a view: the buffers are contiguous

@@ -1,25 +1,146 @@
-"""SB3's uniform ``ReplayBuffer`` and the sample tuples (see :mod:`rbdata.compat.sb3`)."""
+"""SB3's ``ReplayBuffer`` and ``DictReplayBuffer``: samples, arrays (see :mod:`rbdata.compat.sb3`).
+
+SB3's array attributes are :class:`SB3Array` descriptors: views of the storage's memory,
+read through :meth:`ReplayBuffer.sb3_array`.
+"""
 
 from __future__ import annotations
 
+import hashlib
 import os
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import Any, ClassVar, NamedTuple
 
 import numpy as np
 import torch
 
 from rbdata.buffer import ReplayBuffer as _Buffer
-from rbdata.compat import _sb3_spaces as spaces
-from rbdata.compat._sb3_arrays import SB3Array
-from rbdata.compat._sb3_frames import step_writer
-from rbdata.compat._sb3_register import counterpart_of, register_if_loaded
-from rbdata.compat._sb3_samples import ReplayBufferSamples, positive_int, quiet_generator
+from rbdata.compat.sb3 import _spaces as spaces
+from rbdata.compat.sb3._frames import step_writer
+from rbdata.compat.sb3._register import counterpart_of, register_if_loaded
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
 from rbdata.samplers.uniform import UniformSampler
 from rbdata.storages.base import Storage
 
-__all__ = ["ReplayBuffer"]
+__all__ = [
+    "DictReplayBuffer",
+    "DictReplayBufferSamples",
+    "ReplayBuffer",
+    "ReplayBufferSamples",
+    "SB3Array",
+    "positive_int",
+    "quiet_generator",
+]
+
+
+class ReplayBufferSamples(NamedTuple):
+    """SB3's ``ReplayBufferSamples``: same fields, shapes ``[B, ...]`` and ``[B, 1]``."""
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    next_observations: torch.Tensor
+    dones: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor | None = None
+
+
+class DictReplayBufferSamples(NamedTuple):
+    """SB3's ``DictReplayBufferSamples``: observations are dicts of ``[B, ...]`` tensors."""
+
+    observations: dict[str, torch.Tensor]
+    actions: torch.Tensor
+    next_observations: dict[str, torch.Tensor]
+    dones: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor | None = None
+
+
+def positive_int(value: Any, name: str) -> int:
+    """``value`` as an ``int`` if it is a positive integer (not a bool).
+
+    Raises:
+        ValueError: naming ``name`` otherwise.
+
+    Examples:
+        >>> positive_int(np.int64(3), "n_envs")
+        3
+        >>> positive_int(0, "n_envs")
+        Traceback (most recent call last):
+        ...
+        ValueError: n_envs: expected a positive int, got 0
+    """
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or value < 1:
+        raise ValueError(f"{name}: expected a positive int, got {value!r}")
+    return int(value)
+
+
+def quiet_generator() -> torch.Generator:
+    """A generator seeded from the state of torch's global RNG, which it leaves as it was.
+
+    SB3's buffer draws nothing from torch's RNG, so neither may building ours: a model's
+    initial weights and its whole run then come out as with SB3's buffer for the same seed.
+    ``torch.manual_seed`` still decides the seed (a hash of the global state).
+
+    Examples:
+        >>> _ = torch.manual_seed(0)
+        >>> a, state = quiet_generator(), torch.get_rng_state()
+        >>> _ = torch.manual_seed(0)
+        >>> b = quiet_generator()
+        >>> torch.equal(state, torch.get_rng_state()), a.initial_seed() == b.initial_seed()
+        (True, True)
+    """
+    digest = hashlib.blake2b(torch.get_rng_state().numpy().tobytes(), digest_size=8).digest()
+    return torch.Generator().manual_seed(int.from_bytes(digest, "little"))
+
+
+class SB3Array:
+    """Data descriptor of one of SB3's arrays: a view of the storage's memory.
+
+    Read: ``[buffer_size, n_envs, ...]`` over the storage's buffer (no copy), what SB3 keeps
+    as a numpy array: the owner's :meth:`ReplayBuffer.sb3_array`. Assigned: the value is
+    copied into that memory (as ``buffer.<name>[...] = value``).
+    """
+
+    def __set_name__(self, owner: type, name: str) -> None:
+        self.name = name
+
+    def __get__(self, obj: Any, objtype: Any = None) -> Any:
+        if obj is None:
+            return self
+        return obj.sb3_array(self.name)
+
+    def __set__(self, obj: Any, value: Any) -> None:
+        target = obj.sb3_array(self.name)
+        if not isinstance(target, dict):
+            _write(target, _fit(target, value, self.name))
+            return
+        if not isinstance(value, Mapping) or set(value) != set(target):
+            raise ValueError(f"{self.name}: expected a dict with keys {list(target)}")
+        # every key checked before any is written: a bad one changes nothing
+        fitted = {k: _fit(a, value[k], f"{self.name}[{k!r}]") for k, a in target.items()}
+        for key, array in target.items():
+            _write(array, fitted[key])
+
+
+def _write(target: Any, fitted: Any) -> None:
+    if isinstance(target, torch.Tensor):
+        target.copy_(fitted)
+    else:
+        np.copyto(target, fitted, "unsafe")  # numpy assignment's casting, as SB3's
+
+
+def _fit(target: Any, value: Any, name: str) -> Any:
+    """``value`` broadcast to ``target``'s shape (a tensor for a tensor target)."""
+    try:
+        if isinstance(target, torch.Tensor):
+            return torch.as_tensor(np.asarray(value)).broadcast_to(target.shape)
+        return np.broadcast_to(np.asarray(value), target.shape)
+    except (ValueError, TypeError, RuntimeError) as err:
+        shape = getattr(value, "shape", None)
+        raise ValueError(
+            f"{name}: expected shape {tuple(target.shape)}, got {shape}: {err}"
+        ) from None
 
 
 @counterpart_of("ReplayBuffer")
@@ -163,6 +284,19 @@ class ReplayBuffer:
         """The rbdata storage, one item per ``(slot, env)`` at ``slot * n_envs + env``."""
         self._sync()
         return self._storage
+
+    def sb3_array(self, name: str) -> Any:
+        """SB3's array ``name`` (``observations``, ``actions``, ...): a view of the storage.
+
+        Shaped ``[buffer_size, n_envs, ...]``: a numpy array for a CPU storage, a tensor view
+        on another device, a dict of them for the observations of a ``Dict`` space. What the
+        attributes of the same names read.
+
+        Raises:
+            AttributeError: for a name the buffer has no array of (``next_observations``
+                with ``optimize_memory_usage``; the observations with ``storage="frames"``).
+        """
+        return self._writer.array(self._storage, name)
 
     @property
     def replay_buffer(self) -> _Buffer:
@@ -388,6 +522,97 @@ class ReplayBuffer:
             f"{type(self).__name__}(buffer_size={self.buffer_size}, n_envs={self.n_envs}, "
             f"size={self.size()}, storage={type(self._storage).__name__})"
         )
+
+
+@counterpart_of("DictReplayBuffer")
+class DictReplayBuffer(ReplayBuffer):
+    """Stable-Baselines3's ``DictReplayBuffer``: :class:`ReplayBuffer` for ``Dict`` spaces.
+
+    Each key of the observation space is a leaf of its own, ``("observation", key)`` and
+    ``("next", "observation", key)`` in the storage; ``observations`` and
+    ``next_observations`` are dicts of views ``[buffer_size, n_envs, ...]`` of them, and
+    samples are :class:`DictReplayBufferSamples` whose observations are dicts of tensors.
+    SB3's ``HerReplayBuffer`` runs on it (it reads and writes those arrays).
+
+    Args:
+        buffer_size: as :class:`ReplayBuffer`.
+        observation_space: a gymnasium ``Dict`` of ``Box``, ``Discrete``,
+            ``MultiDiscrete`` or ``MultiBinary`` spaces.
+        action_space: as :class:`ReplayBuffer`.
+        device: as :class:`ReplayBuffer`.
+        n_envs: as :class:`ReplayBuffer`.
+        optimize_memory_usage: must be ``False`` (as in SB3).
+        handle_timeout_termination: as :class:`ReplayBuffer`.
+        storage: as :class:`ReplayBuffer`; with ``"frames"`` (or a
+            :class:`~rbdata.storages.FrameStackStorage`), the stacks of key ``frames_key``
+            go to the frame storage, under ``("observation", frames_key)``, and the other keys
+            are stored as usual.
+        path: as :class:`ReplayBuffer`.
+        generator: as :class:`ReplayBuffer`.
+        codec: as :class:`ReplayBuffer` (``storage="frames"`` only).
+        frames_key: the key whose image stacks are stored as frames (``storage="frames"``
+            only); ``None``: the space's only key of a 3-D or 4-D ``Box``.
+
+    Raises:
+        TypeError: if ``observation_space`` is not a ``Dict`` space.
+        ValueError: with ``optimize_memory_usage=True``; with ``frames_key`` (or ``codec``)
+            but no frame storage, or no such key (none, or several image keys, if ``None``).
+
+    Examples:
+        >>> import numpy as np
+        >>> from gymnasium import spaces
+        >>> space = spaces.Dict({"pos": spaces.Box(-1, 1, (2,)), "goal": spaces.Discrete(4)})
+        >>> rb = DictReplayBuffer(10, space, spaces.Discrete(2), device="cpu")
+        >>> obs = {"pos": np.zeros((1, 2), np.float32), "goal": np.array([3])}
+        >>> rb.add(obs, obs, np.array([1]), np.array([0.5]), np.array([False]), [{}])
+        >>> batch = rb.sample(4)
+        >>> batch.observations["pos"].shape, batch.next_observations["goal"].tolist()
+        (torch.Size([4, 2]), [[3], [3], [3], [3]])
+        >>> rb.observations["goal"].shape, int(rb.observations["goal"][0, 0, 0])
+        ((10, 1, 1), 3)
+    """
+
+    def __init__(
+        self,
+        buffer_size: int,
+        observation_space: Any,
+        action_space: Any,
+        device: torch.device | str = "auto",
+        n_envs: int = 1,
+        optimize_memory_usage: bool = False,
+        handle_timeout_termination: bool = True,
+        *,
+        storage: str | Storage = "tensor",
+        path: str | os.PathLike[str] | None = None,
+        generator: torch.Generator | None = None,
+        codec: str | tuple[str, int] | None = None,
+        frames_key: str | None = None,
+    ) -> None:
+        self._frames_key = frames_key
+        if optimize_memory_usage:
+            raise ValueError(
+                "optimize_memory_usage: DictReplayBuffer does not support "
+                "optimize_memory_usage (as in SB3)"
+            )
+        super().__init__(
+            buffer_size,
+            observation_space,
+            action_space,
+            device,
+            n_envs,
+            False,
+            handle_timeout_termination,
+            storage=storage,
+            path=path,
+            generator=generator,
+            codec=codec,
+        )
+
+    def _obs_specs(self, observation_space: Any) -> Any:
+        return spaces.dict_obs_specs(observation_space)
+
+    def _samples(self, *fields: Any) -> Any:
+        return DictReplayBufferSamples(*fields)
 
 
 def _to(obs: Any, device: torch.device) -> Any:

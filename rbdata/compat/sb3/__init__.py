@@ -30,15 +30,14 @@ flat uniform draw, and the storage stays an ordinary rbdata dataset of transitio
 ``docs/compat.md``.
 """
 
-from rbdata.compat._sb3_buffer import ReplayBuffer
-from rbdata.compat._sb3_dict import DictReplayBuffer
-from rbdata.compat._sb3_prioritized import PrioritizedReplayBuffer
-from rbdata.compat._sb3_register import register_if_loaded, register_with_sb3
-from rbdata.compat._sb3_samples import (
+from rbdata.compat.sb3._buffer import (
+    DictReplayBuffer,
     DictReplayBufferSamples,
-    PrioritizedReplayBufferSamples,
+    ReplayBuffer,
     ReplayBufferSamples,
 )
+from rbdata.compat.sb3._prioritized import PrioritizedReplayBuffer, PrioritizedReplayBufferSamples
+from rbdata.compat.sb3._register import register_if_loaded, register_with_sb3
 
 __all__ = [
     "DictReplayBuffer",

@@ -1,25 +1,37 @@
-"""The SB3-compatible ``PrioritizedReplayBuffer`` (see :mod:`rbdata.compat.sb3`)."""
+"""The SB3-compatible ``PrioritizedReplayBuffer`` and its samples (see :mod:`rbdata.compat.sb3`)."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 import torch
 
-from rbdata.compat._sb3_buffer import ReplayBuffer
-from rbdata.compat._sb3_frames import wants_frames
-from rbdata.compat._sb3_samples import (
-    PrioritizedReplayBufferSamples,
-    positive_int,
-    quiet_generator,
-)
+from rbdata.compat.sb3._buffer import ReplayBuffer, positive_int, quiet_generator
+from rbdata.compat.sb3._frames import wants_frames
 from rbdata.errors import EmptyBufferError
 from rbdata.samplers.base import Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.storages.base import Storage
 
-__all__ = ["PrioritizedReplayBuffer"]
+__all__ = ["PrioritizedReplayBuffer", "PrioritizedReplayBufferSamples"]
+
+
+class PrioritizedReplayBufferSamples(NamedTuple):
+    """:class:`ReplayBufferSamples` plus ``indices`` ``[B]`` and importance ``weights`` ``[B, 1]``.
+
+    ``indices`` are flat transition indices ``slot * n_envs + env``, for
+    :meth:`PrioritizedReplayBuffer.update_priorities`.
+    """
+
+    observations: torch.Tensor
+    actions: torch.Tensor
+    next_observations: torch.Tensor
+    dones: torch.Tensor
+    rewards: torch.Tensor
+    discounts: torch.Tensor | None = None
+    indices: torch.Tensor | None = None
+    weights: torch.Tensor | None = None
 
 
 class PrioritizedReplayBuffer(ReplayBuffer):
