@@ -12,8 +12,8 @@ import torch
 from tensordict import TensorDictBase
 
 from rbdata import checkpoint
-from rbdata._index import as_index_tensor
-from rbdata._torchrl_names import (
+from rbdata._core.index import as_index_tensor
+from rbdata._core.torchrl_names import (
     BUFFER_ATTRIBUTES,
     BUFFER_KEYWORDS,
     torchrl_attribute_error,

@@ -21,9 +21,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from rbdata._atomic import CURRENT
-from rbdata._files import inside
-from rbdata._layout import STRING, TENSOR
+from rbdata._core.atomic import CURRENT
+from rbdata._core.files import inside
+from rbdata._core.layout import STRING, TENSOR
 from rbdata.checkpoint import META_FILE
 from rbdata.checkpoint import describe as describe_checkpoint
 from rbdata.storages import KeyInfo, StorageInfo, storage_kind, storage_kinds

@@ -45,8 +45,8 @@ from typing import Any
 
 from torchdata.nodes import BaseNode
 
-from rbdata._index import IndexBatch
-from rbdata._shown import shown
+from rbdata._core.index import IndexBatch
+from rbdata._core.shown import shown
 from rbdata.buffer import ReplayBuffer, apply_transform
 from rbdata.mixed import MixedBuffer
 from rbdata.samplers.base import BatchSampler, Sampler, check_batch_size

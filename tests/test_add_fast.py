@@ -23,7 +23,7 @@ from hypothesis import strategies as st
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer
-from rbdata._layout import nest
+from rbdata._core.layout import nest
 from rbdata.samplers import PrioritizedSampler
 from rbdata.storages import MemmapStorage, Storage, TensorStorage, WriteTarget
 from rbdata.storages._unpack import ItemUnpacker
@@ -281,7 +281,7 @@ def test_closed_and_layoutless_storages_take_the_general_path(tmp_path: Path) ->
 
 
 def test_unpacker_refuses_layouts_without_a_numpy_twin() -> None:
-    from rbdata._layout import Layout
+    from rbdata._core.layout import Layout
 
     layout = Layout.from_data({"a": torch.zeros(2, dtype=torch.bfloat16)}, batched=False)
     assert ItemUnpacker.for_layout(layout) is None

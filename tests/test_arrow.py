@@ -332,7 +332,7 @@ def test_files_are_plain_arrow(tmp_path: Path, finish: str) -> None:
     n = len(storage)
     getattr(storage, finish)()
     assert sorted(p.name for p in path.iterdir()) == [
-        "_holders.bin",  # who holds the directory (rbdata._holders); pyarrow skips it
+        "_holders.bin",  # who holds the directory (rbdata._core.holders); pyarrow skips it
         META,
         "chunk-000000.arrow",
         "chunk-000001.arrow",

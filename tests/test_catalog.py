@@ -6,7 +6,7 @@ import csv
 import re
 from collections import defaultdict
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 from rbdata.datasets._catalog import D4RL_PREFIX, d4rl_catalog, d4rl_entry
 
 

@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 import torch
 
-from rbdata._checksum import crc32
+from rbdata._core.checksum import crc32
 from rbdata.checkpoint._checksum import crc32_combine, submit_tensor_crc, tensor_crc
 
 

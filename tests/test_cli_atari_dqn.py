@@ -103,7 +103,7 @@ def test_the_catalog_needs_no_torch() -> None:
             else:
                 continue
             assert all(
-                n in allowed or n in ("rbdata._resources", "rbdata.datasets._atari_catalog")
+                n in allowed or n in ("rbdata._core.resources", "rbdata.datasets._atari_catalog")
                 for n in names
             ), (module, names)
 

@@ -21,7 +21,7 @@ import h5py
 import numpy as np
 import pytest
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 from rbdata.cli import main
 from rbdata.datasets._catalog import d4rl_catalog
 from rbdata.datasets._commands import DatasetRef, parse_id

@@ -91,7 +91,10 @@ def test_the_catalog_needs_no_torch() -> None:
                 names = [node.module or ""]
             else:
                 continue
-            assert all(n in allowed or n == "rbdata._resources" for n in names), (module, names)
+            assert all(n in allowed or n == "rbdata._core.resources" for n in names), (
+                module,
+                names,
+            )
 
 
 def test_download_info_path_remove(mirror: dict, home: Path, capsys) -> None:

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 import torch
 
-from rbdata._demo_mirror import environ, serving
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 from rbdata.cli import main
 from rbdata.datasets import D4RL
 from rbdata.datasets._catalog import d4rl_entry
 from rbdata.demo import SAMPLE_KEYS, load_sample, run_demo
+from rbdata.demo._mirror import environ, serving
 
 REPO = Path(__file__).resolve().parents[1]
 RECIPE = REPO / "datasets" / "samples" / "cartpole_random.py"

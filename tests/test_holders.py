@@ -1,6 +1,6 @@
 """Every way two processes reach one storage directory (issue 34, items 1 and 6).
 
-``rbdata._holders``: a storage held by one process writes unshared; a second process that
+``rbdata._core.holders``: a storage held by one process writes unshared; a second process that
 opens its path joins the holders shared (they shared it: pickled, forked, ``share()``) or is
 refused with a message that says how to share, and an ArrowStorage has one writer. The
 two-process cases run real processes: a fresh interpreter that opens the path (a writer), and

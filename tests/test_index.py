@@ -8,8 +8,8 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from rbdata._index import as_index_tensor, as_int_index, normalize_int, ring_runs
-from rbdata._layout import Layout
+from rbdata._core.index import as_index_tensor, as_int_index, normalize_int, ring_runs
+from rbdata._core.layout import Layout
 
 
 @given(capacity=st.integers(1, 64), data=st.data())

@@ -39,7 +39,7 @@ def test_no_private_imports_across_packages(package: str, forbidden: str) -> Non
 
 def test_numba_helpers_live_in_one_private_module() -> None:
     users = [p.name for p in PACKAGE.rglob("*.py") if "intrinsic" in p.read_text(encoding="utf-8")]
-    assert users == ["_numba.py"]
+    assert users == ["native.py"]  # rbdata/_core/native.py
 
 
 #: the private names that packages once called on each other's objects (#24): now the named
@@ -62,9 +62,28 @@ def test_no_private_calls_on_other_objects() -> None:
 
 
 # --- private names across packages (#24) -----------------------------------------------------
-#: the top-level core modules every package may use, private names included; ``_inspect``
-#: (once ``rbdata inspect``'s logic) was never one: it was a package of its own
-_CORE = {p.stem for p in PACKAGE.glob("_*.py")} - {"__init__", "__main__", "_inspect"}
+#: the core every package may use, private names included (``rbdata/_core``)
+_CORE = {"_core"}
+
+
+def test_the_core_is_the_only_shared_private_place() -> None:
+    """No private top-level module but the core package; the core imports only itself."""
+    loose = sorted(
+        p.name for p in PACKAGE.glob("_*.py") if p.name not in ("__init__.py", "__main__.py")
+    )
+    assert not loose, f"private top-level modules (put them in _core or in their user): {loose}"
+    found = {}
+    for path in sorted((PACKAGE / "_core").rglob("*.py")):
+        deps = {
+            name
+            for name in _imports(path)
+            if name.split(".")[0] == "rbdata"
+            and not name.startswith("rbdata._core")
+            and name != "rbdata.errors"
+        }
+        if deps:
+            found[path.relative_to(PACKAGE).as_posix()] = sorted(deps)
+    assert not found, f"the core imports the rest of rbdata: {found}"
 
 
 def _private_crossings(path: Path, package: Path = PACKAGE) -> list[str]:
@@ -129,15 +148,19 @@ def test_no_private_names_across_packages() -> None:
         ("storages/memmap/storage.py", "from .._unpack import numpy_views\n", False),
         (
             "storages/base.py",
-            "from rbdata._index import as_int_index\nimport rbdata._files\n",
+            "from rbdata._core.index import as_int_index\nimport rbdata._core.files\n",
             False,
         ),
         (
             "cli.py",
-            "from rbdata._atomic import CURRENT\nfrom rbdata.inspect import Summary\n",
+            "from rbdata._core.atomic import CURRENT\nfrom rbdata.inspect import Summary\n",
             False,
         ),
-        ("__init__.py", "from rbdata._layout import STRING\nfrom rbdata.buffer import X\n", False),
+        (
+            "__init__.py",
+            "from rbdata._core.layout import STRING\nfrom rbdata.buffer import X\n",
+            False,
+        ),
     ],
 )
 def test_private_crossings_are_found(tmp_path: Path, name: str, source: str, crosses: bool) -> None:

@@ -19,7 +19,7 @@ import torch
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer, TensorStorage
-from rbdata._layout import Layout
+from rbdata._core.layout import Layout
 from rbdata.storages import MemmapStorage
 from rbdata.storages.memmap._header import decode_header
 from rbdata.storages.memmap._packed import crc32, packable

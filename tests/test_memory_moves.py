@@ -63,7 +63,7 @@ def test_guard_sees_a_move_of_any_leaf() -> None:
 
 
 def test_arena_leaves_are_disjoint_and_aligned() -> None:
-    from rbdata._layout import Leaf
+    from rbdata._core.layout import Leaf
 
     leaves = [
         Leaf("a", (3,), torch.float32),
@@ -401,7 +401,7 @@ def test_pickle_for_another_process_still_shares_the_memory() -> None:
 
 
 def test_shipment_refuses_parts_that_do_not_match() -> None:
-    from rbdata._layout import Leaf
+    from rbdata._core.layout import Leaf
 
     leaves = [Leaf("a", (2,), torch.float32), Leaf("b", (), torch.int64)]
     bufs = _memory.arena(3, leaves)

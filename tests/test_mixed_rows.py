@@ -18,7 +18,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from rbdata import MixedBuffer, ReplayBuffer, TensorStorage
-from rbdata._layout import Layout, Leaf
+from rbdata._core.layout import Layout, Leaf
 from rbdata.mixed._batch import fill_extras, gather_leaves
 from rbdata.mixed._rows import RowGather, gather_reference, gather_rows
 

@@ -20,9 +20,9 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rbdata._atomic import fsync_dir, new_staging, publish, read_live
-from rbdata._files import atomic_write_json
-from rbdata._ids import new_id
+from rbdata._core.atomic import fsync_dir, new_staging, publish, read_live
+from rbdata._core.files import atomic_write_json
+from rbdata._core.ids import new_id
 from rbdata.checkpoint._checksum import ALGORITHM, SMALL_FILE, add_tails
 from rbdata.checkpoint._checksum import verify as verify_files
 from rbdata.checkpoint._codec import check_table, decode, encode, read_tensors, write_tensors

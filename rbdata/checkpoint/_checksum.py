@@ -18,7 +18,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rbdata._checksum import (
+from rbdata._core.checksum import (
     ALGORITHM,
     copy_with_crc,
     crc32_combine,
@@ -29,7 +29,7 @@ from rbdata._checksum import (
     submit_tensor_crc,
     tensor_crc,
 )
-from rbdata._files import open_nofollow
+from rbdata._core.files import open_nofollow
 from rbdata.checkpoint._validate import check_int, get_dict, get_int, plain_file
 from rbdata.errors import CheckpointError
 

@@ -21,8 +21,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._checksum import crc32
-from rbdata._files import open_nofollow, preallocate
+from rbdata._core.checksum import crc32
+from rbdata._core.files import open_nofollow, preallocate
 from rbdata.checkpoint._checksum import entry
 from rbdata.checkpoint._validate import check_int, get, get_list, plain_file
 from rbdata.errors import CheckpointError

@@ -17,8 +17,8 @@ from typing import Any
 
 import torch
 
-from rbdata._atomic import CURRENT, live_dir, read_live
-from rbdata._files import open_nofollow
+from rbdata._core.atomic import CURRENT, live_dir, read_live
+from rbdata._core.files import open_nofollow
 from rbdata.checkpoint._codec import MARK, check_table
 from rbdata.checkpoint._registry import FORMAT, FORMAT_VERSION, META_FILE, TENSORS, component_class
 from rbdata.checkpoint._storage_checks import DIR, check_storage

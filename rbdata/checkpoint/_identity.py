@@ -16,19 +16,19 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rbdata._files import open_nofollow
-from rbdata._ids import TRAILER_BYTES, id_trailer, read_trailer
+from rbdata._core.files import open_nofollow
+from rbdata._core.ids import TRAILER_BYTES, id_trailer, read_trailer
 from rbdata.errors import CheckpointError
 
 __all__ = ["check_identity", "check_trailer", "trailer"]
 
-#: the kind of the trailer at the end of ``tensors.bin`` (:mod:`rbdata._ids`; index 0)
+#: the kind of the trailer at the end of ``tensors.bin`` (:mod:`rbdata._core.ids`; index 0)
 _MAGIC = b"RBDCKPT1"
 _ID = re.compile(r"[0-9a-f]{32}")
 
 
 def trailer(ident: str) -> bytes:
-    """The last :data:`~rbdata._ids.TRAILER_BYTES` bytes of checkpoint ``ident``'s tensors."""
+    """The last :data:`~rbdata._core.ids.TRAILER_BYTES` bytes of checkpoint ``ident``'s tensors."""
     return id_trailer(_MAGIC, ident)
 
 

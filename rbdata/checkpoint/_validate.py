@@ -1,7 +1,7 @@
 """Up-front checks of everything a checkpoint's metadata says, before anything is built.
 
 Every reader of a checkpoint goes through these helpers (the generic ones live in
-:mod:`!rbdata._checked`, shared with the storages' own checks): JSON files are read without
+:mod:`!rbdata._core.checked`, shared with the storages' own checks): JSON files are read without
 following symlinks and refused when nested too deeply; every field is type- and range-checked
 with Python integers (no overflow); file names are plain names inside their directory. A
 failure raises :class:`~rbdata.errors.CheckpointError` naming the file and the field.
@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rbdata._checked import (
+from rbdata._core.checked import (
     MAX_DEPTH,
     check_depth,
     check_int,

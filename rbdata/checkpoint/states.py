@@ -11,7 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from rbdata._files import atomic_write_json, read_meta
+from rbdata._core.files import atomic_write_json, read_meta
 from rbdata.checkpoint._codec import decode, encode, read_tensors, write_tensors
 from rbdata.checkpoint._registry import class_name
 from rbdata.errors import CheckpointError

@@ -1,7 +1,7 @@
 """The DQN Replay Dataset catalog: games, runs, checkpoints, file names and URLs.
 
 The data lives in the top-level ``datasets/atari-dqn.tsv`` (shipped in the wheel, located
-through :func:`rbdata._resources.catalog_path`); its provenance is in ``datasets/README.md``.
+through :func:`rbdata._core.resources.catalog_path`); its provenance is in ``datasets/README.md``.
 The DQN Replay Dataset (Agarwal et al., 2020) publishes, for each game and run, the replay
 buffer of a DQN agent logged by Dopamine every time it filled, under
 ``<prefix><Game>/<run>/replay_logs/``: one file per array and checkpoint suffix ``N``, named
@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 
 __all__ = [
     "ATARI_DQN_PREFIX",

@@ -18,7 +18,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from rbdata._layout import Key, Layout
+from rbdata._core.layout import Key, Layout
 from rbdata.storages import DirectoryWriter
 from rbdata.storages.arrow import ArrowStorage
 

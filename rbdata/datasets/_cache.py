@@ -27,8 +27,8 @@ from typing import Any
 import filelock
 import platformdirs
 
-from rbdata._atomic import fsync_dir
-from rbdata._files import read_meta
+from rbdata._core.atomic import fsync_dir
+from rbdata._core.files import read_meta
 from rbdata.datasets._catalog import D4RLEntry
 from rbdata.datasets._lock import VanishingLock, file_lock
 

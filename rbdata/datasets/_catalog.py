@@ -1,7 +1,7 @@
 """The D4RL catalog: ids, download URLs, sizes, sha256 and reference scores.
 
 The data lives in the top-level ``datasets/d4rl.tsv`` (shipped in the wheel, located through
-:func:`rbdata._resources.catalog_path`); its provenance is in ``datasets/README.md``.
+:func:`rbdata._core.resources.catalog_path`); its provenance is in ``datasets/README.md``.
 ``datasets/d4rl-samples.tsv`` adds small sample datasets in the D4RL layout, built locally by
 the recipes in ``datasets/samples/``: their ``url`` is a path relative to the D4RL prefix that
 only a mirror (``RBDATA_D4RL_MIRROR``) serves.
@@ -14,7 +14,7 @@ import difflib
 import functools
 from dataclasses import dataclass
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 
 __all__ = ["D4RL_PREFIX", "D4RLEntry", "d4rl_catalog", "d4rl_entry"]
 

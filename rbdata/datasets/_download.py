@@ -26,7 +26,7 @@ from typing import Any
 
 import requests
 
-from rbdata._atomic import fsync_dir
+from rbdata._core.atomic import fsync_dir
 from rbdata.datasets._errors import ChecksumError, DownloadError
 from rbdata.datasets._lock import file_lock
 from rbdata.datasets._transfer import Retry, attempt, hash_file

@@ -1,7 +1,7 @@
 """The OGBench catalog: dataset ids, their two files (train and ``-val``), sizes and sha256.
 
 The data lives in the top-level ``datasets/ogbench.tsv`` (shipped in the wheel, located through
-:func:`rbdata._resources.catalog_path`); its provenance is in ``datasets/README.md``. OGBench
+:func:`rbdata._core.resources.catalog_path`); its provenance is in ``datasets/README.md``. OGBench
 publishes each dataset as two files below one URL prefix, ``<id>.npz`` (the training split)
 and ``<id>-val.npz`` (the validation split), as ``ogbench.utils.download_datasets`` fetches
 them. In the cache and on the command line the validation split is the id ``<id>-val``.
@@ -17,7 +17,7 @@ import functools
 from dataclasses import dataclass
 from pathlib import Path
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 
 __all__ = [
     "OGBENCH_PREFIX",

@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 from types import ModuleType
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 from rbdata.datasets._catalog import d4rl_catalog, d4rl_entry
 from rbdata.datasets._commands import DatasetRef, human_size
 

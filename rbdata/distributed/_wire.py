@@ -2,8 +2,8 @@
 
 A batch travels as ``(kind, keys, leaves, batch_size)``: kind ``"td"`` (TensorDict),
 ``"dict"`` (nested mapping of tensors), ``"tensor"`` (one tensor) or ``"object"`` (anything
-else, pickled by Ray as it is); ``keys`` are key paths (tuples), as ``rbdata._layout``'s
-:func:`~rbdata._layout.flatten` gives them and :func:`~rbdata._layout.nest` takes them.
+else, pickled by Ray as it is); ``keys`` are key paths (tuples), as ``rbdata._core.layout``'s
+:func:`~rbdata._core.layout.flatten` gives them and :func:`~rbdata._core.layout.nest` takes them.
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._layout import flatten, nest
+from rbdata._core.layout import flatten, nest
 
 __all__ = ["Packed", "concat", "pack", "unpack"]
 

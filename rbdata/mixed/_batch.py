@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rbdata._layout import Layout
+from rbdata._core.layout import Layout
 from rbdata.mixed._rows import RowGather
 from rbdata.mixed._sources import Source
 

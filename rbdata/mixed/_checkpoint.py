@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from rbdata import checkpoint
-from rbdata._atomic import fsync_dir, new_staging, publish, read_live
+from rbdata._core.atomic import fsync_dir, new_staging, publish, read_live
 from rbdata.checkpoint.states import class_name, read_state, write_state
 from rbdata.datasets.base import OfflineDataset
 from rbdata.errors import CheckpointError
@@ -109,7 +109,7 @@ def read(path: Any, use: Callable[[Path, dict[str, Any]], T]) -> T:
     """``use(live, state)``: the live directory of a mixture checkpoint and its checked state.
 
     A ``dumps`` by another process that replaces the generation while ``use`` reads it makes
-    ``use`` run again on the new one (:func:`rbdata._atomic.read_live`): ``use`` must change
+    ``use`` run again on the new one (:func:`rbdata._core.atomic.read_live`): ``use`` must change
     nothing outside what it returns.
 
     Raises:

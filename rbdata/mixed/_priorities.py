@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._index import as_index_tensor
+from rbdata._core.index import as_index_tensor
 from rbdata.mixed._sources import Source
 
 __all__ = ["as_priorities", "route_priorities", "split_index"]

@@ -22,8 +22,8 @@ import numba
 import numpy as np
 import torch
 
-from rbdata._layout import Layout
-from rbdata._numba import voidptr
+from rbdata._core.layout import Layout
+from rbdata._core.native import voidptr
 
 __all__ = ["RowGather", "gather_reference", "gather_rows"]
 

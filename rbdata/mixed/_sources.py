@@ -14,8 +14,8 @@ from typing import Any
 
 import torch
 
-from rbdata._layout import TENSOR, Key, Layout, Leaf
-from rbdata._layout_keys import key_name
+from rbdata._core.layout import TENSOR, Key, Layout, Leaf
+from rbdata._core.layout.keys import key_name
 from rbdata.buffer import ReplayBuffer
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler

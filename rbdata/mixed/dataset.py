@@ -15,8 +15,8 @@ from typing import Any
 import torch
 from torch.utils.data import Dataset
 
-from rbdata._index import IndexBatch
-from rbdata._layout import Layout
+from rbdata._core.index import IndexBatch
+from rbdata._core.layout import Layout
 from rbdata.mixed._batch import assemble
 from rbdata.mixed._priorities import split_index
 from rbdata.mixed._rows import RowGather

@@ -14,7 +14,7 @@ from typing import Any
 
 import torch
 
-from rbdata._layout import Key, Layout
+from rbdata._core.layout import Key, Layout
 from rbdata.errors import EmptyBufferError
 from rbdata.mixed._batch import combine, fill_extras
 from rbdata.mixed._counts import check_weights, largest_remainder

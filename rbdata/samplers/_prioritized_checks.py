@@ -12,8 +12,8 @@ from typing import Any
 
 import torch
 
-from rbdata._device import resolve_device
-from rbdata._index import check_capacity
+from rbdata._core.device import resolve_device
+from rbdata._core.index import check_capacity
 from rbdata.samplers._priority_input import check_exponent
 from rbdata.samplers._trees.backend import TreeSpec
 

@@ -12,7 +12,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._shown import shown
+from rbdata._core.shown import shown
 
 __all__ = [
     "as_numpy",

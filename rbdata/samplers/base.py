@@ -19,8 +19,8 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler as TorchSampler
 
-from rbdata._index import IndexBatch
-from rbdata._shown import shown
+from rbdata._core.index import IndexBatch
+from rbdata._core.shown import shown
 from rbdata.errors import EmptyBufferError
 
 __all__ = [

@@ -13,7 +13,7 @@ from typing import Any
 
 import torch
 
-from rbdata._torchrl_names import PRIORITIZED_KEYWORDS, torchrl_keywords
+from rbdata._core.torchrl_names import PRIORITIZED_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _prioritized_checks as _checks
 from rbdata.samplers._draw_state import GeneratorDrawState
 from rbdata.samplers._priority_input import capacity_and_source, check_exponent

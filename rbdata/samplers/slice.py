@@ -21,11 +21,11 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rbdata._layout import Key, flatten
-from rbdata._layout_keys import key_name
-from rbdata._layout_values import stack_items
-from rbdata._shown import shown
-from rbdata._torchrl_names import SLICE_KEYWORDS, torchrl_keywords
+from rbdata._core.layout import Key, flatten
+from rbdata._core.layout.keys import key_name
+from rbdata._core.layout.values import stack_items
+from rbdata._core.shown import shown
+from rbdata._core.torchrl_names import SLICE_KEYWORDS, torchrl_keywords
 from rbdata.samplers import _slices
 from rbdata.samplers._draw_state import GeneratorDrawState
 from rbdata.samplers.base import Sampler, check_bool

@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from rbdata._shown import shown
+from rbdata._core.shown import shown
 from rbdata.samplers.base import Sampler, check_batch_size, check_bool
 
 __all__ = ["UniformSampler"]

@@ -8,7 +8,7 @@ from typing import Any
 
 import torch
 
-from rbdata._torchrl_names import WITHOUT_REPLACEMENT_KEYWORDS, torchrl_keywords
+from rbdata._core.torchrl_names import WITHOUT_REPLACEMENT_KEYWORDS, torchrl_keywords
 from rbdata.samplers.base import Sampler, check_bool
 
 __all__ = ["SamplerWithoutReplacement"]

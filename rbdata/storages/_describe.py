@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from rbdata._layout import TENSOR, Layout
+from rbdata._core.layout import TENSOR, Layout
 
 if TYPE_CHECKING:
     from rbdata.storages.base import Storage

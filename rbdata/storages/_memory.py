@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._layout import Layout, Leaf
+from rbdata._core.layout import Layout, Leaf
 
 __all__ = [
     "ALIGN",
@@ -96,7 +96,7 @@ def arena(capacity: int, leaves: Sequence[Leaf]) -> list[torch.Tensor]:
 
     Examples:
         >>> import torch
-        >>> from rbdata._layout import Leaf
+        >>> from rbdata._core.layout import Leaf
         >>> leaves = [Leaf("a", (2,), torch.float32), Leaf("b", (), torch.bool)]
         >>> bufs = arena(5, leaves)
         >>> [tuple(b.shape) for b in bufs], len(guard(bufs))

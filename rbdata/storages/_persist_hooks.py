@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, final
 
 import torch
 
-from rbdata._layout import Layout
+from rbdata._core.layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._codec import Codec
 from rbdata.storages._describe import StorageInfo

@@ -13,8 +13,8 @@ from typing import Any
 
 import torch
 
-from rbdata._index import as_index_tensor
-from rbdata._layout import Layout
+from rbdata._core.index import as_index_tensor
+from rbdata._core.layout import Layout
 
 __all__ = ["Prepared"]
 

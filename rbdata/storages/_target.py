@@ -17,7 +17,7 @@ from typing import Any, NamedTuple, final
 import numpy as np
 import torch
 
-from rbdata._index import as_index_tensor
+from rbdata._core.index import as_index_tensor
 
 __all__ = ["WriteTarget"]
 
@@ -79,7 +79,7 @@ class WriteTarget(NamedTuple):
     def ring(cls, start: int, n: int, capacity: int) -> WriteTarget:
         """A batch of ``n`` items at ring slots ``start, start + 1, ...`` (at most 2 runs).
 
-        ``n`` is in ``[0, capacity]``; the runs are :func:`rbdata._index.ring_runs`'s.
+        ``n`` is in ``[0, capacity]``; the runs are :func:`rbdata._core.index.ring_runs`'s.
         """
         stop = start + n
         if n <= 0:

@@ -2,7 +2,7 @@
 
 An online agent writes one transition per environment step, usually a dict of numpy arrays,
 numpy scalars and Python numbers. The general write path (:meth:`Layout.split
-<rbdata._layout.Layout.split>`) turns every leaf into a tensor and checks it, ~10-30 us per
+<rbdata._core.layout.Layout.split>`) turns every leaf into a tensor and checks it, ~10-30 us per
 item; a numpy row assignment costs ~0.1-0.5 us per leaf. :class:`ItemUnpacker` reads an item
 whose leaves *already* match the layout exactly (same keys, shapes and dtypes, or Python
 numbers that the leaf's dtype holds) and returns them in layout order, ready to assign to
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict
 
-from rbdata._layout import TENSOR, Layout, Leaf, nest
+from rbdata._core.layout import TENSOR, Layout, Leaf, nest
 
 __all__ = ["ItemUnpacker", "numpy_views"]
 
@@ -315,7 +315,7 @@ class ItemUnpacker:
 
     Examples:
         >>> import numpy as np, torch
-        >>> from rbdata._layout import Layout
+        >>> from rbdata._core.layout import Layout
         >>> item = {"obs": torch.zeros(3), "next": {"r": torch.zeros(())}}
         >>> layout = Layout.from_data(item, batched=False)
         >>> unpack = ItemUnpacker.for_layout(layout).unpack

@@ -27,10 +27,16 @@ from typing import Any, ClassVar, final
 import torch
 from torch.utils.data import Dataset
 
-from rbdata._index import IndexBatch, as_index_tensor, as_int_index, check_capacity, normalize_int
-from rbdata._layout import Layout
-from rbdata._layout_keys import is_structured
-from rbdata._layout_values import EMPTY_BATCH, stack_items
+from rbdata._core.index import (
+    IndexBatch,
+    as_index_tensor,
+    as_int_index,
+    check_capacity,
+    normalize_int,
+)
+from rbdata._core.layout import Layout
+from rbdata._core.layout.keys import is_structured
+from rbdata._core.layout.values import EMPTY_BATCH, stack_items
 from rbdata.storages._codec import Codec
 from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._persist_hooks import PersistenceHooks, SavedStorage
@@ -197,7 +203,7 @@ class Storage(PersistenceHooks, Dataset[Any]):
     def __getitems__(self, indices: Any) -> Any:
         """Return the items at ``indices`` as one batch, gathered in one vectorised read.
 
-        An :class:`~rbdata._index.IndexBatch` (what rbdata's ``BatchSampler`` yields) adds
+        An :class:`~rbdata._core.index.IndexBatch` (what rbdata's ``BatchSampler`` yields) adds
         ``"index"`` and the sampler's extras (e.g. ``"weight"``) to TensorDict batches.
         A batch on its way into ``DataLoader``'s ``default_collate`` passes it untouched
         (:func:`rbdata.storages.wrap_for_collate`).

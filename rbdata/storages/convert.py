@@ -17,7 +17,7 @@ from typing import Any, cast
 
 import torch
 
-from rbdata._layout import RAGGED, STRING, TENSOR, Layout
+from rbdata._core.layout import RAGGED, STRING, TENSOR, Layout
 from rbdata.storages._describe import storage_kind, storage_kinds
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import Storage

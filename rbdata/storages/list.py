@@ -11,9 +11,9 @@ from typing import Any
 import torch
 from torch.utils.data import default_collate
 
-from rbdata._checked import check_int
-from rbdata._layout import Layout
-from rbdata._layout_keys import is_structured
+from rbdata._core.checked import check_int
+from rbdata._core.layout import Layout
+from rbdata._core.layout.keys import is_structured
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import StorageInfo, key_infos
 from rbdata.storages._persist import saved_counts

@@ -9,9 +9,9 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from rbdata._device import resolve_device
-from rbdata._layout import STRING, TENSOR, Layout
-from rbdata._torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl_keywords
+from rbdata._core.device import resolve_device
+from rbdata._core.layout import STRING, TENSOR, Layout
+from rbdata._core.torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl_keywords
 from rbdata.errors import CheckpointError
 from rbdata.storages import _memory
 from rbdata.storages._persist import saved_counts

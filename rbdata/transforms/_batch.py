@@ -9,8 +9,8 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._layout import Key
-from rbdata._layout_keys import key_name
+from rbdata._core.layout import Key
+from rbdata._core.layout.keys import key_name
 
 __all__ = ["check_probs", "check_ratio", "entry_of", "get_entry", "leaf_names", "put_entry"]
 

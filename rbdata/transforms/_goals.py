@@ -27,7 +27,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from rbdata._numba import prefetch, voidptr
+from rbdata._core.native import prefetch, voidptr
 
 __all__ = [
     "GAMMA",

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._layout import Key
+from rbdata._core.layout import Key
 from rbdata.transforms._batch import entry_of, get_entry, put_entry
 from rbdata.transforms._goals import blend, relabel
 from rbdata.transforms.episodes import EpisodeIndex

@@ -23,8 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._layout import Key, flatten
-from rbdata._layout_keys import key_name
+from rbdata._core.layout import Key, flatten
+from rbdata._core.layout.keys import key_name
 
 __all__ = ["EpisodeIndex"]
 

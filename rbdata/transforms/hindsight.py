@@ -17,8 +17,8 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._layout import Key
-from rbdata._layout_keys import key_name
+from rbdata._core.layout import Key
+from rbdata._core.layout.keys import key_name
 from rbdata.transforms._batch import check_probs, check_ratio, get_entry, leaf_names, put_entry
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
 from rbdata.transforms._relabel_cpu import CpuRelabel, blend_rewards

@@ -12,9 +12,9 @@ from typing import Any
 
 import torch
 
-from rbdata._index import check_capacity
-from rbdata._layout import Key, Layout
-from rbdata._layout_keys import key_name, key_names
+from rbdata._core.index import check_capacity
+from rbdata._core.layout import Key, Layout
+from rbdata._core.layout.keys import key_name, key_names
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.writers.base import WriteCheck, Writer
 

@@ -224,7 +224,7 @@ def bench_version_check(cfg: Config, rep: Report) -> None:
     rb.extend(_code_batch(cap, 1))
     storage.share()
     # the same files, no versions: a second read/write open here would join the shared
-    # holder (rbdata._holders), a read-only one maps them privately and checks nothing
+    # holder (rbdata._core.holders), a read-only one maps them privately and checks nothing
     plain = MemmapStorage.open(storage.path, read_only=True)
     gen = torch.Generator().manual_seed(0)
     idx = [torch.randint(cap, (bs,), generator=gen) for _ in range(64)]

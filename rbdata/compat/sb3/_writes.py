@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._layout import Layout, nest
+from rbdata._core.layout import Layout, nest
 from rbdata.compat.sb3._spaces import ObsSpec
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.memmap import MemmapStorage

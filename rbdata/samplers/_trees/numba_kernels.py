@@ -19,7 +19,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from rbdata._numba import voidptr
+from rbdata._core.native import voidptr
 
 #: the kernels other modules of ``_trees`` (and the equivalence tests) call; they keep the
 #: ``_nb_`` prefix of every numba kernel in rbdata

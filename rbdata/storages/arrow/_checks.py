@@ -24,8 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._files import check_dir, inside, open_nofollow
-from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
+from rbdata._core.files import check_dir, inside, open_nofollow
+from rbdata._core.layout import RAGGED, STRING, TENSOR, Key, Layout, Leaf
 
 __all__ = [
     "FORMAT",

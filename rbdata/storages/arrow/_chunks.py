@@ -32,9 +32,9 @@ import numpy as np
 import torch
 from tensordict import NonTensorStack
 
-from rbdata._files import open_nofollow
-from rbdata._layout import STRING, TENSOR, Key, Leaf
-from rbdata._numba import voidptr as _nb_voidptr
+from rbdata._core.files import open_nofollow
+from rbdata._core.layout import STRING, TENSOR, Key, Leaf
+from rbdata._core.native import voidptr as _nb_voidptr
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_batch, check_views, chunk_file
 from rbdata.storages.arrow._items import (

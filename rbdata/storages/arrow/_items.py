@@ -15,9 +15,9 @@ import numpy as np
 import torch
 from tensordict import TensorDictBase
 
-from rbdata._layout import RAGGED, TENSOR, Key, Layout, Leaf, flatten, nest
-from rbdata._layout_keys import key_name, non_tensor_value
-from rbdata._layout_values import EMPTY_BATCH, explain_items, to_tensor
+from rbdata._core.layout import RAGGED, TENSOR, Key, Layout, Leaf, flatten, nest
+from rbdata._core.layout.keys import key_name, non_tensor_value
+from rbdata._core.layout.values import EMPTY_BATCH, explain_items, to_tensor
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY
 
 __all__ = [

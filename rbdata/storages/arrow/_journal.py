@@ -36,8 +36,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._files import open_nofollow
-from rbdata._layout import STRING
+from rbdata._core.files import open_nofollow
+from rbdata._core.layout import STRING
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.arrow._checks import arrow_type
 from rbdata.storages.arrow._items import (

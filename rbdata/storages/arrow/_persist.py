@@ -20,11 +20,11 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from rbdata._atomic import fsync_dir
-from rbdata._checked import leaf_path, plain_file, read_json
-from rbdata._checksum import copy_with_crc
-from rbdata._files import inside, open_nofollow, remove_with
-from rbdata._layout import TENSOR, Key, Layout
+from rbdata._core.atomic import fsync_dir
+from rbdata._core.checked import leaf_path, plain_file, read_json
+from rbdata._core.checksum import copy_with_crc
+from rbdata._core.files import inside, open_nofollow, remove_with
+from rbdata._core.layout import TENSOR, Key, Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size

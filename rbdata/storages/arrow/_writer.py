@@ -2,7 +2,7 @@
 
 An ArrowStorage has one writer: its journal and its open chunks are in that process alone.
 :class:`WriterHold` is that process's hold on the directory (``_holders.bin``, see
-:mod:`rbdata._holders`): a second writer — another process, or another storage object of
+:mod:`rbdata._core.holders`): a second writer — another process, or another storage object of
 this one — is refused with :class:`~rbdata.errors.StorageInUseError`, while reading copies
 (pickled, ``open(path, recover=False)``) take no hold.
 
@@ -18,7 +18,7 @@ import os
 import weakref
 from pathlib import Path
 
-from rbdata._holders import Holders
+from rbdata._core.holders import Holders
 
 __all__ = ["HOLDERS_FILE", "ONE_WRITER", "WriterHold"]
 

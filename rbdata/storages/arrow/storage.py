@@ -91,9 +91,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._files import check_dir, open_nofollow, storage_dir
-from rbdata._index import check_capacity
-from rbdata._layout import RAGGED, STRING, TENSOR, Key, Layout
+from rbdata._core.files import check_dir, open_nofollow, storage_dir
+from rbdata._core.index import check_capacity
+from rbdata._core.layout import RAGGED, STRING, TENSOR, Key, Layout
 from rbdata.storages.arrow._checks import (
     FORMAT,
     META_FILE,

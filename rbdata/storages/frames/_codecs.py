@@ -31,8 +31,8 @@ from typing import Any
 import numba
 import numpy as np
 
-from rbdata._numba import voidptr
-from rbdata._shown import shown
+from rbdata._core.native import voidptr
+from rbdata._core.shown import shown
 
 __all__ = ["CODECS", "FrameCodec", "decode_threads"]
 

@@ -19,10 +19,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._atomic import fsync_dir
-from rbdata._checked import plain_file
-from rbdata._checksum import crc32, entry, file_entry
-from rbdata._files import inside, open_nofollow
+from rbdata._core.atomic import fsync_dir
+from rbdata._core.checked import plain_file
+from rbdata._core.checksum import crc32, entry, file_entry
+from rbdata._core.files import inside, open_nofollow
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import StorageInfo, key_infos
 from rbdata.storages._persist import check_dumped_dir

@@ -37,10 +37,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._atomic import fsync_dir
-from rbdata._files import inside
-from rbdata._holders import Holders
-from rbdata._layout import Layout
+from rbdata._core.atomic import fsync_dir
+from rbdata._core.files import inside
+from rbdata._core.holders import Holders
+from rbdata._core.layout import Layout
 from rbdata.storages.frames._format import (
     FRAMES_DIR,
     HEADER,

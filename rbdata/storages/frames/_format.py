@@ -10,7 +10,7 @@
                   compressed: log-G.bin (the blobs) and table-G.bin (``slots x 2`` int64:
                   each slot's blob offset and length) of generation ``G``
 
-Every frame file starts with a 64-byte header: a :mod:`rbdata._ids` trailer (a magic naming
+Every frame file starts with a 64-byte header: a :mod:`rbdata._core.ids` trailer (a magic naming
 the kind of file, the directory's id, the generation) padded with zeros, so a file swapped
 in from another storage, checkpoint or generation is refused when it is opened. The data
 follows the header; its size gives the slots (or the log's bytes): the files grow as frames
@@ -28,10 +28,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._files import atomic_write_json, read_meta
-from rbdata._ids import TRAILER_BYTES, id_trailer, read_trailer
-from rbdata._layout import Layout
-from rbdata._layout_keys import DICT_KIND, TENSOR
+from rbdata._core.files import atomic_write_json, read_meta
+from rbdata._core.ids import TRAILER_BYTES, id_trailer, read_trailer
+from rbdata._core.layout import Layout
+from rbdata._core.layout.keys import DICT_KIND, TENSOR
 from rbdata.storages.frames._codecs import CODECS
 
 __all__ = [

@@ -20,7 +20,7 @@ from typing import Any
 import numba
 import numpy as np
 
-from rbdata._numba import voidptr
+from rbdata._core.native import voidptr
 
 __all__ = ["acquire", "admit_kernel", "admit_raw", "plan", "release", "settle"]
 

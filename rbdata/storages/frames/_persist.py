@@ -27,10 +27,10 @@ from typing import Any, TypeVar
 import numpy as np
 import torch
 
-from rbdata._atomic import fsync_dir
-from rbdata._files import check_dir, inside
-from rbdata._ids import new_id
-from rbdata._layout import Layout
+from rbdata._core.atomic import fsync_dir
+from rbdata._core.files import check_dir, inside
+from rbdata._core.ids import new_id
+from rbdata._core.layout import Layout
 from rbdata.errors import CheckpointError, ReadOnlyError
 from rbdata.storages._describe import StorageInfo
 from rbdata.storages._persist import check_config

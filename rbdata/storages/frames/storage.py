@@ -31,10 +31,10 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._ids import new_id
-from rbdata._layout import Layout, Leaf
-from rbdata._layout_keys import DICT_KIND
-from rbdata._shown import shown
+from rbdata._core.ids import new_id
+from rbdata._core.layout import Layout, Leaf
+from rbdata._core.layout.keys import DICT_KIND
+from rbdata._core.shown import shown
 from rbdata.storages._unpack import ItemUnpacker
 from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.frames._codecs import FrameCodec

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from rbdata._files import (
+from rbdata._core.files import (
     atomic_write_json,
     check_dir,
     inside,
@@ -27,8 +27,8 @@ from rbdata._files import (
     preallocate,
     start_writeback,
 )
-from rbdata._ids import new_id
-from rbdata._layout import TENSOR, Layout
+from rbdata._core.ids import new_id
+from rbdata._core.layout import TENSOR, Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap._header import bad_field, encode_header
@@ -308,7 +308,7 @@ class DirectoryWriter:
 
     Examples:
         >>> import tempfile, torch
-        >>> from rbdata._layout import Layout
+        >>> from rbdata._core.layout import Layout
         >>> from rbdata.storages import MemmapStorage
         >>> layout = Layout.from_data({"obs": torch.zeros(1, 2)}, batched=True)
         >>> with tempfile.TemporaryDirectory() as tmp:

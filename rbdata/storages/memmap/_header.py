@@ -30,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from rbdata._ids import TRAILER_BYTES
+from rbdata._core.ids import TRAILER_BYTES
 from rbdata.storages.memmap._rawfile import check_trailer, open_fd, regular_size, trailer
 
 __all__ = [
@@ -72,7 +72,7 @@ def _check(length: int, nxt: int, slot: int) -> int:
 def encode_header(length: int, nxt: int, ident: str | None = None) -> bytes:
     """A header holding ``length`` and ``next`` (record 0 active), then ``ident``'s trailer.
 
-    64 bytes, then :data:`~rbdata._ids.TRAILER_BYTES` more when the
+    64 bytes, then :data:`~rbdata._core.ids.TRAILER_BYTES` more when the
     directory has an id (``None``: a version-1 directory, which has none).
     """
     record = struct.pack("=8q", _MAGIC, 0, length, nxt, _check(length, nxt, 0), 0, 0, 0)

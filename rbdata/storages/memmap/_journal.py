@@ -28,8 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._checksum import crc32
-from rbdata._layout import Layout
+from rbdata._core.checksum import crc32
+from rbdata._core.layout import Layout
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._header import Header
 from rbdata.storages.memmap._journal_format import (

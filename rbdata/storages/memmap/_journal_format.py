@@ -20,7 +20,7 @@ from typing import NamedTuple
 import numpy as np
 import torch
 
-from rbdata._checksum import crc32
+from rbdata._core.checksum import crc32
 from rbdata.storages.memmap._header import LEGACY
 
 __all__ = [
@@ -60,7 +60,7 @@ class Plan(NamedTuple):
 def checksum(data: memoryview, stop: int) -> int:
     """The commit word: the CRC-32 of the 64-bit words ``[2, stop)``, with bit 62 set.
 
-    zlib's CRC-32, computed by ISA-L (``crc32`` of ``rbdata._checksum``): about 3 us for
+    zlib's CRC-32, computed by ISA-L (``crc32`` of ``rbdata._core.checksum``): about 3 us for
     the 164 kB of a 1000-row extend, where ``zlib.crc32`` takes about 39 us.
     """
     return crc32(data[16 : 8 * stop]) | COMMITTED

@@ -32,8 +32,8 @@ import numba
 import numpy as np
 import torch
 
-from rbdata._layout import TENSOR, Layout
-from rbdata._numba import fence, voidptr
+from rbdata._core.layout import TENSOR, Layout
+from rbdata._core.native import fence, voidptr
 from rbdata.storages.memmap._header import HEADER_TERMS
 from rbdata.storages.memmap._journal_format import (
     COMMITTED,

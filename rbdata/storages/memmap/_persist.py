@@ -15,11 +15,11 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
-from rbdata._atomic import fsync_dir
-from rbdata._checked import plain_file, read_json
-from rbdata._checksum import entry, file_entry, submit_tensor_crc
-from rbdata._files import inside, open_nofollow
-from rbdata._ids import TRAILER_BYTES
+from rbdata._core.atomic import fsync_dir
+from rbdata._core.checked import plain_file, read_json
+from rbdata._core.checksum import entry, file_entry, submit_tensor_crc
+from rbdata._core.files import inside, open_nofollow
+from rbdata._core.ids import TRAILER_BYTES
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size

@@ -6,7 +6,7 @@ data file's space is reserved when it is created (:func:`create_file`), so a ful
 ``OSError`` at the first write, never a SIGBUS.
 
 A data file of a version-2 directory ends with a 32-byte trailer after its rows
-(:func:`trailer`, :mod:`rbdata._ids`): the storage's id (``layout.json``'s ``"id"``) and the
+(:func:`trailer`, :mod:`rbdata._core.ids`): the storage's id (``layout.json``'s ``"id"``) and the
 leaf's index, checked by :func:`map_file` with one 32-byte read, so a file swapped in from
 another storage or checkpoint, or renamed to another leaf, is refused at open.
 
@@ -26,8 +26,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._ids import TRAILER_BYTES, id_trailer, read_trailer
-from rbdata._layout import Layout
+from rbdata._core.ids import TRAILER_BYTES, id_trailer, read_trailer
+from rbdata._core.layout import Layout
 from rbdata.storages import _memory
 
 __all__ = [
@@ -42,7 +42,7 @@ __all__ = [
     "trailer",
 ]
 
-#: the kind of the trailer after a data file's rows (:mod:`rbdata._ids`): the storage's id
+#: the kind of the trailer after a data file's rows (:mod:`rbdata._core.ids`): the storage's id
 #: and the leaf's index
 _TRAILER_MAGIC = b"RBDLEAF2"
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0)

@@ -19,7 +19,7 @@ from typing import Any
 
 import numpy as np
 
-from rbdata._files import inside
+from rbdata._core.files import inside
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._header import HEADER_BYTES
 from rbdata.storages.memmap._rawfile import open_fd, regular_size

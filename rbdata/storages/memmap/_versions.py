@@ -35,7 +35,7 @@ import numba
 import numpy as np
 import torch
 
-from rbdata._numba import fence
+from rbdata._core.native import fence
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.memmap._rawfile import open_fd, regular_size
 

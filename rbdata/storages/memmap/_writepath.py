@@ -18,9 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._files import inside
-from rbdata._index import ring_runs
-from rbdata._layout import Layout
+from rbdata._core.files import inside
+from rbdata._core.index import ring_runs
+from rbdata._core.layout import Layout
 from rbdata.storages._target import WriteTarget
 from rbdata.storages._unpack import numpy_views
 from rbdata.storages.memmap._directory import JOURNAL_FILE

@@ -51,11 +51,11 @@ from typing import Any
 
 import torch
 
-from rbdata._files import atomic_write_json, inside, storage_dir
-from rbdata._holders import Holders
-from rbdata._ids import new_id
-from rbdata._layout import Layout
-from rbdata._torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
+from rbdata._core.files import atomic_write_json, inside, storage_dir
+from rbdata._core.holders import Holders
+from rbdata._core.ids import new_id
+from rbdata._core.layout import Layout
+from rbdata._core.torchrl_names import MEMMAP_KEYWORDS, torchrl_keywords
 from rbdata.errors import CheckpointError, ReadOnlyError
 from rbdata.storages import _memory
 from rbdata.storages._persist import check_config
@@ -160,7 +160,7 @@ class MemmapStorage(TensorStorage):
                 files read-only too.
 
         Who holds the directory decides how it is written (``holders.bin``, see
-        :mod:`rbdata._holders`): opened by no one else, this process is its one holder
+        :mod:`rbdata._core.holders`): opened by no one else, this process is its one holder
         (no lock, its fastest path); held by processes that share it (a storage pickled,
         forked or :meth:`share`-d), this one joins them shared; held by a process that
         writes it unshared, the open is refused (``StorageInUseError``: call

@@ -16,7 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from rbdata._files import inside, open_nofollow
+from rbdata._core.files import inside, open_nofollow
 from rbdata.errors import CheckpointError
 
 __all__ = [

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._shown import shown
+from rbdata._core.shown import shown
 
 __all__ = [
     "IndexBatch",

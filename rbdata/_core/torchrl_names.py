@@ -18,7 +18,7 @@ import functools
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
-from rbdata._shown import shown
+from rbdata._core.shown import shown
 
 __all__ = [
     "BUFFER_ATTRIBUTES",

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from rbdata._files import open_nofollow
+from rbdata._core.files import open_nofollow
 from rbdata.errors import CheckpointError
 
 __all__ = ["CURRENT", "fsync_dir", "live_dir", "new_staging", "publish", "read_live"]

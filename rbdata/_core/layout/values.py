@@ -1,6 +1,6 @@
 """Leaf values of stored items: conversion to tensors, stacking, and the checks of a write.
 
-What :meth:`Layout.split <rbdata._layout.Layout.split>` needs beside the key paths: a value
+What :meth:`Layout.split <rbdata._core.layout.Layout.split>` needs beside the key paths: a value
 becomes a tensor (:func:`to_tensor`), a list of items one batch (:func:`stack_items`), and a
 leaf whose dtype, layout or device differs from its leaf's is checked and converted before
 anything is written (:func:`cast_rule`, :func:`convert`), with errors that name the key, the
@@ -19,7 +19,7 @@ import numpy as np
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._layout_keys import (
+from rbdata._core.layout.keys import (
     NON_TENSOR,
     RAGGED,
     STRING,

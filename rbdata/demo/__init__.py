@@ -28,8 +28,8 @@ from tensordict import TensorDict
 from torch import nn
 from torch.utils.data import DataLoader
 
-from rbdata._demo_mirror import environ, load_recipe, no_proxy_for_localhost, serving
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
+from rbdata.demo._mirror import environ, load_recipe, no_proxy_for_localhost, serving
 
 __all__ = ["SAMPLE_KEYS", "load_sample", "run_demo"]
 

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from rbdata._files import open_nofollow
+from rbdata._core.files import open_nofollow
 
 try:  # ISA-L's CRC-32: the same value as zlib's, about five times faster (a dependency)
     from isal.isal_zlib import crc32 as _fast_crc32

@@ -20,7 +20,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from rbdata._resources import catalog_path
+from rbdata._core.resources import catalog_path
 
 __all__ = ["Mirror", "environ", "load_recipe", "no_proxy_for_localhost", "serving"]
 

@@ -5,9 +5,9 @@ against it *before* touching any data, so bad input leaves the storage as it was
 The layout also turns gathered leaves back into the user's structure: a plain
 tensor, or a :class:`~tensordict.TensorDict` built once without re-validation.
 
-Key paths and leaves are :mod:`!rbdata._layout_keys`' (:func:`flatten`, :func:`nest` and the
+Key paths and leaves are :mod:`!rbdata._core.layout.keys`' (:func:`flatten`, :func:`nest` and the
 leaf types are importable from here too); values are checked and converted by
-:mod:`!rbdata._layout_values`.
+:mod:`!rbdata._core.layout.values`.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from typing import Any
 import torch
 from tensordict import TensorDict, TensorDictBase
 
-from rbdata._layout_keys import (
+from rbdata._core.layout.keys import (
     DICT_KIND,
     RAGGED,
     STRING,
@@ -31,7 +31,7 @@ from rbdata._layout_keys import (
     key_names,
     nest,
 )
-from rbdata._layout_values import (
+from rbdata._core.layout.values import (
     cast_rule,
     convert,
     example_value,

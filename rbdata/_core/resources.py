@@ -10,7 +10,7 @@ from pathlib import Path
 
 __all__ = ["catalog_path"]
 
-_PACKAGE_DIR = Path(__file__).resolve().parent
+_PACKAGE_DIR = Path(__file__).resolve().parent.parent  # rbdata/
 #: Where a wheel puts the catalog.
 _INSTALLED = _PACKAGE_DIR / "_catalog"
 #: Where the catalog lives in a source checkout (editable installs).
