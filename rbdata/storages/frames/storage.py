@@ -220,8 +220,14 @@ class FrameStackStorage(Storage):
         self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, files)
         word = self._pool.word
         self._tracker = StreamTracker(self._stack, self._pool.frame_bytes // word().itemsize, word)
-        self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
+        self._new_writer()
         self._bind_fast(layout)
+
+    def _new_writer(self) -> None:
+        """The frames side of writes, bound to the pool, the tracker and the steps."""
+        assert self._pool is not None and self._tracker is not None
+        args = (self._steps, self._stack, self._places, self._steps_layout)
+        self._writer = FrameWriter(self._pool, self._tracker, *args)
 
     def _bind_fast(self, layout: Layout | None) -> None:
         """Set up the per-step path (steps in CPU numpy rows; else every write commits)."""
@@ -248,22 +254,9 @@ class FrameStackStorage(Storage):
             self._ensure_layout(prepared.layout)
         if not target.n:  # an empty batch: nothing to store
             return
-        writer = self._writer
-        assert writer is not None
-        obs_at, next_at, others = self._places
-        payload = prepared.payload
+        assert self._writer is not None
         n = target.n
-        obs, nxt = writer.words(payload[obs_at], n), writer.words(payload[next_at], n)
-        slots = target.slots_numpy()
-        old = writer.old_refs(slots, len(self))  # released once the steps are committed
-        refs = writer.admit(obs, nxt, None if target.indices is None else slots)
-        rows = torch.from_numpy(refs.astype(np.int32))
-        inner = [payload[i] for i in others]
-        inner.append(rows if prepared.batched else rows[0])
-        first = self._steps.layout is None
-        steps = Prepared(inner, n, self._steps_layout if first else None, prepared.batched)
-        self._steps.commit(target, steps)
-        writer.release(old)  # after the commit: a kill never leaves old steps over new frames
+        self._writer.commit(target, prepared, len(self))
         self._items_written += n
         if target.top > len(self):
             self._set_length(target.top)
@@ -298,30 +291,8 @@ class FrameStackStorage(Storage):
         return self._put_row(slot, values)
 
     def _put_row(self, slot: int, values: list[Any]) -> bool:
-        """:meth:`write_row` once :meth:`_rows_ok` said yes."""
-        writer = self._writer
-        assert writer is not None
-        obs_at, next_at, others = self._places
-        obs, nxt = values[obs_at], values[next_at]
-        old = writer.old_ref(slot, self._length)
-        refs = writer.admit_one(obs, nxt, old)  # old dropped too (undone if the write fails)
-        late = None
-        if refs is None:
-            refs, late = writer.admit(writer.words(obs, 1), writer.words(nxt, 1)), old
-        rows = [values[i] for i in others]
-        rows.append(refs[0])  # cast to int32 by the row assignment
-        try:
-            if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
-                payload = [torch.as_tensor(np.asarray(r)) for r in rows]
-                payload[-1] = payload[-1].to(torch.int32)
-                self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
-        except BaseException:  # the step was not written: the old one keeps its frames
-            if late is None:
-                writer.undrop(old)
-            writer.release(refs)
-            raise
-        if late is not None:
-            writer.release(late)  # after the steps: a freed frame is never reused by this write
+        """:meth:`write_row` once :meth:`_rows_ok` said yes (the writer is set then)."""
+        self._writer.put_row(slot, values, self._length)  # type: ignore[union-attr]
         top = slot + 1
         if top > self._length:
             self._length = top
@@ -345,18 +316,7 @@ class FrameStackStorage(Storage):
         writer = self._writer
         if writer is None or not self._rows_ok():
             return False
-        slots = np.arange(start, start + n) % self.capacity
-        obs_at, next_at, others = self._places
-        obs, nxt = writer.words(values[obs_at], n), writer.words(values[next_at], n)
-        old = writer.old_refs(slots, self._length)  # read before the steps are overwritten
-        refs = writer.admit(obs, nxt)
-        rows = [values[i] for i in others]
-        rows.append(refs.astype(np.int32))
-        if not self._steps.write_rows(start, n, rows):  # e.g. the steps' views were dropped
-            payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
-            target = WriteTarget.ring(start, n, self.capacity)
-            self._steps.commit(target, Prepared(payload, n, None, True))
-        writer.release(old)  # after the steps: a freed frame is never reused by this write
+        writer.write_rows(start, n, values, self._length)
         top = start + n
         if top > self._length:
             self._length = min(top, self.capacity)
@@ -648,5 +608,5 @@ class FrameStackStorage(Storage):
         config = {"max_size": self.capacity, "device": str(self.device)}
         self._steps = TensorStorage.from_state(config, snapshot, None)  # type: ignore[arg-type]
         if self._pool is not None and self._tracker is not None:
-            self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
+            self._new_writer()
         self._bind_fast(self._layout)
