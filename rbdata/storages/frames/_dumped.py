@@ -3,11 +3,13 @@
 A checkpoint's ``storage/`` is what ``FrameStackStorage(path=...)`` writes (``_format.py``):
 ``frames.json``, ``steps/`` (the steps dumped by their own storage's hook) and ``frames/``
 with the frames of slots ``[0, high)`` (compressed: the live blobs packed, generation 0).
-Restoring opens it copy-on-write (``_persist.py``), so the checkpoint never changes.
+Restoring opens it copy-on-write (``FrameStackStorage.open``), so the checkpoint never changes.
 
 - :func:`write_frames`: ``frames.json`` and the frame files of a dump, checksummed;
 - :func:`check_dumped`: every field and file against the metadata, before anything is mapped;
-- :func:`describe_dir`: counts, keys, the frames held and their bytes per step, metadata only.
+- :func:`describe_dir`: counts, keys, the frames held and their bytes per step, metadata only;
+- :func:`dump_meta`, :func:`dump_dir`: a storage's dump, from its parts (steps, pool);
+- :func:`state_of`, :func:`frames_of`: a storage's state dict, and its frames read back.
 """
 
 from __future__ import annotations
@@ -23,10 +25,12 @@ from rbdata._core.atomic import fsync_dir
 from rbdata._core.checked import plain_file
 from rbdata._core.checksum import crc32, entry, file_entry
 from rbdata._core.files import inside, open_nofollow
+from rbdata._core.ids import new_id
+from rbdata._core.layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import StorageInfo, key_infos
 from rbdata.storages._persist import check_dumped_dir
-from rbdata.storages.base import Storage
+from rbdata.storages.base import Codec, Storage
 from rbdata.storages.frames._format import (
     FRAMES_DIR,
     HEADER,
@@ -38,9 +42,19 @@ from rbdata.storages.frames._format import (
     read_frames_meta,
     write_frames_meta,
 )
+from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.memmap import MemmapStorage
 
-__all__ = ["check_dumped", "describe_dir", "frame_units", "write_frames"]
+__all__ = [
+    "check_dumped",
+    "describe_dir",
+    "dump_dir",
+    "dump_meta",
+    "frame_units",
+    "frames_of",
+    "state_of",
+    "write_frames",
+]
 
 
 def frame_units(meta: FramesMeta) -> dict[str, int]:
@@ -172,3 +186,63 @@ def _step_bytes(steps: StorageInfo) -> int:
         dtype = getattr(torch, key.dtype, torch.uint8)
         total += int(np.prod(key.shape, dtype=np.int64)) * dtype.itemsize
     return total
+
+
+# --- the storage's hooks, over its parts ------------------------------------------------------
+def dump_dir(
+    directory: Path,
+    meta: FramesMeta,
+    steps: Storage,
+    pool: FramePool | None,
+    codec: Codec,
+    tensors: list[torch.Tensor],
+    fsync: bool,
+) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """Write a storage directory: ``frames.json`` (``meta``), the steps (their hook), the frames.
+
+    Returns the state a checkpoint records and the checksum entries of the files written.
+    """
+    directory.mkdir()
+    saved, steps_sums = steps.dump(directory / STEPS_DIR, codec, tensors, fsync)
+    data, table = (np.zeros(0, np.uint8), np.zeros((0, 2), np.int64))
+    if pool is not None:
+        data, table = pool.export()
+    sums = write_frames(directory, meta, data, table, fsync)
+    sums.update({f"{STEPS_DIR}/{name}": rec for name, rec in steps_sums.items()})
+    fsync_dir(directory, fsync)
+    return {"dir": directory.name, "id": meta.ident, "steps": saved}, sums
+
+
+def dump_meta(config: dict[str, Any], layout: Layout | None, pool: FramePool | None) -> FramesMeta:
+    """``frames.json`` of a dump of a storage (its ``config()``): a new id, generation 0."""
+    live = 0 if pool is None else pool.live
+    data = 0 if pool is None else pool.data_bytes
+    key = tuple(config["key"])
+    return FramesMeta(
+        new_id(), config["capacity"], config["stack"], key, config["codec"], layout, 0, live, data
+    )
+
+
+def state_of(
+    steps: Storage, layout: Layout | None, pool: FramePool | None, codec: Codec
+) -> dict[str, Any]:
+    """A storage's state dict: the layout, the steps' state, the frames (``uint8`` tensors)."""
+    state: dict[str, Any] = {"steps": steps.dump_state(codec)}
+    state["layout"] = None if layout is None else layout.to_json()
+    if pool is not None:
+        data, table = pool.export()
+        state["frames"] = torch.from_numpy(data.copy())
+        state["table"] = torch.from_numpy(table.copy())
+    return state
+
+
+def frames_of(state: Any) -> tuple[Layout, np.ndarray, np.ndarray] | None:
+    """The layout and the frames (``data``, ``table``) of :func:`state_of`; ``None``: no layout."""
+    raw = state["layout"]
+    if raw is None:
+        return None
+    layout = Layout.from_json(raw)
+    data, table = state["frames"], state["table"]
+    if data.dtype != torch.uint8 or table.dtype != torch.int64 or table.dim() != 2:
+        raise ValueError("'frames' must be uint8 and 'table' int64 [slots, 2]")
+    return layout, data.numpy(), table.numpy()

@@ -323,6 +323,11 @@ class FramePool:
         """Bytes of the blobs that some step (or the writer) refers to (0 without a codec)."""
         return self._live_bytes
 
+    @property
+    def data_bytes(self) -> int:
+        """Bytes of the frames held: the live blobs (compressed), or the live raw frames."""
+        return self._live_bytes if self.codec is not None else self.live * self.frame_bytes
+
     def export(self) -> tuple[np.ndarray, np.ndarray]:
         """The frames of slots ``[0, high)`` to save (:meth:`load` takes them back).
 

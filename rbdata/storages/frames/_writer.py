@@ -1,7 +1,8 @@
 """The frames side of a :class:`~rbdata.storages.FrameStackStorage` write: :class:`FrameWriter`.
 
-Every write path of the storage (``commit``, the per-step ``add_fast`` and ``extend_fast``)
-does the same three things around writing its steps:
+Every write path of the storage (:meth:`FrameWriter.commit`, the per-step
+:meth:`FrameWriter.put_row` of ``add_fast`` and :meth:`FrameWriter.write_rows` of
+``extend_fast``) does the same three things around writing its steps:
 
 1. read the refs of the stored steps it overwrites (:meth:`FrameWriter.old_refs`);
 2. :meth:`FrameWriter.admit` the new steps' stacks: plan which frames are new
@@ -10,6 +11,9 @@ does the same three things around writing its steps:
 3. write the steps with their refs, *then* :meth:`FrameWriter.release` the old refs, so a
    slot freed by a write is never reused by that same write (a kill between the frames and
    the steps never leaves old steps over new frames).
+
+The writer writes the steps too (the storage of the steps it was given, through its public
+write methods); the storage keeps its own counts (length, next slot, items written).
 """
 
 from __future__ import annotations
@@ -19,7 +23,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata.storages.base import Storage
+from rbdata._core.layout import Layout
+from rbdata.storages.base import Prepared, Storage, WriteTarget
 from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.frames._streams import StreamTracker
 
@@ -37,12 +42,25 @@ class FrameWriter:
         tracker: the stacks kept as candidates across writes.
         steps: the storage of the steps, whose last leaf holds each step's refs.
         stack: frames per stack.
+        places: where the storage's layout has the stacks and the other leaves: ``(obs_at,
+            next_at, others)``.
+        steps_layout: the steps' layout (the other leaves, then the refs).
     """
 
-    def __init__(self, pool: FramePool, tracker: StreamTracker, steps: Storage, stack: int) -> None:
+    def __init__(
+        self,
+        pool: FramePool,
+        tracker: StreamTracker,
+        steps: Storage,
+        stack: int,
+        places: tuple[int, int, list[int]],
+        steps_layout: Layout,
+    ) -> None:
         self.pool = pool
         self.tracker = tracker
         self.stack = stack
+        self.places = places
+        self.steps_layout = steps_layout
         self._steps = steps
         self.word: Any = pool.word
         words = pool.frame_bytes // np.dtype(pool.word).itemsize
@@ -67,7 +85,7 @@ class FrameWriter:
 
         ``obs``, ``nxt``: the step's stacks ``[S, *frame]`` (numpy arrays or tensors). Returns the
         step's refs ``[1, 2, S]``, its frames stored and ``old`` (the refs of the step it
-        overwrites, from :meth:`old_ref`) already dropped: if the step is then not written,
+        overwrites) already dropped: if the step is then not written,
         :meth:`undrop` takes them back. ``None`` (nothing changed) where the kernel does not apply:
         more than one stream followed, device frames, zstd, a pool that must grow. Then
         :meth:`admit` does it, and :meth:`release` follows the steps' write.
@@ -130,10 +148,6 @@ class FrameWriter:
             return refs.index_select(0, index).cpu().numpy().astype(np.int64)
         return self._rows()[live].astype(np.int64)
 
-    def old_ref(self, slot: int, length: int) -> np.ndarray:
-        """:meth:`old_refs` of one slot of CPU steps (the per-step path), 1-D int32."""
-        return self._rows()[slot].flatten() if slot < length else _NONE32  # a copy
-
     def _rows(self) -> np.ndarray:
         """The CPU steps' refs as numpy ``[capacity, 2, stack]`` int32 (a view).
 
@@ -147,6 +161,64 @@ class FrameWriter:
         view = refs.numpy()
         self._refs_cache = (refs, refs.data_ptr(), view)
         return view
+
+    # --- the write paths: frames, steps, then the old frames released ---------------------
+    def commit(self, target: WriteTarget, prepared: Prepared, length: int) -> None:
+        """Write a prepared batch (the storage's layout) at ``target``; ``length``: steps held."""
+        obs_at, next_at, others = self.places
+        payload, n = prepared.payload, target.n
+        obs, nxt = self.words(payload[obs_at], n), self.words(payload[next_at], n)
+        slots = target.slots_numpy()
+        old = self.old_refs(slots, length)  # released once the steps are committed
+        refs = self.admit(obs, nxt, None if target.indices is None else slots)
+        rows = torch.from_numpy(refs.astype(np.int32))
+        inner = [payload[i] for i in others]
+        inner.append(rows if prepared.batched else rows[0])
+        first = self._steps.layout is None
+        steps = Prepared(inner, n, self.steps_layout if first else None, prepared.batched)
+        self._steps.commit(target, steps)
+        self.release(old)  # after the commit: a kill never leaves old steps over new frames
+
+    def put_row(self, slot: int, values: list[Any], length: int) -> None:
+        """Write one checked step (numpy leaves in layout order) at ``slot`` of CPU steps."""
+        obs_at, next_at, others = self.places
+        obs, nxt = values[obs_at], values[next_at]
+        old = self._rows()[slot].flatten() if slot < length else _NONE32  # a copy
+        refs = self.admit_one(obs, nxt, old)  # old dropped too (undone if the write fails)
+        late = None
+        if refs is None:
+            refs, late = self.admit(self.words(obs, 1), self.words(nxt, 1)), old
+        rows = [values[i] for i in others]
+        rows.append(refs[0])  # cast to int32 by the row assignment
+        steps = self._steps
+        try:
+            if not steps.write_row(slot, rows):  # e.g. the steps' views were dropped
+                payload = [torch.as_tensor(np.asarray(r)) for r in rows]
+                payload[-1] = payload[-1].to(torch.int32)
+                steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
+        except BaseException:  # the step was not written: the old one keeps its frames
+            if late is None:
+                self.undrop(old)
+            self.release(refs)
+            raise
+        if late is not None:
+            self.release(late)  # after the steps: a freed frame is never reused by this write
+
+    def write_rows(self, start: int, n: int, values: list[Any], length: int) -> None:
+        """Write ``n`` checked steps (numpy leaves) at the ring slots from ``start``."""
+        steps = self._steps
+        slots = np.arange(start, start + n) % steps.capacity
+        obs_at, next_at, others = self.places
+        obs, nxt = self.words(values[obs_at], n), self.words(values[next_at], n)
+        old = self.old_refs(slots, length)  # read before the steps are overwritten
+        refs = self.admit(obs, nxt)
+        rows = [values[i] for i in others]
+        rows.append(refs.astype(np.int32))
+        if not steps.write_rows(start, n, rows):  # e.g. the steps' views were dropped
+            payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
+            target = WriteTarget.ring(start, n, steps.capacity)
+            steps.commit(target, Prepared(payload, n, None, True))
+        self.release(old)  # after the steps: a freed frame is never reused by this write
 
     def __getstate__(self) -> dict[str, Any]:
         raise TypeError("a FrameWriter is its storage's: pickle the storage")

@@ -17,16 +17,19 @@ bit-exactly from the refs. A frame lives as long as a stored step refers to it, 
 in ``[0, len)`` can be read back: samplers need no rule of their own (no step is ever left
 with overwritten frames).
 
-With ``path``, the steps and the frames are files (``_format.py``, ``_files.py``):
-:meth:`FrameStackStorage.open` reopens them, and every write is atomic across a kill (the
-storage's directory, checkpoints and ``rbdata inspect``: its base, ``_persist.py``).
+With ``path``, the steps and the frames are files (``_format.py``, ``_files.py``) in the
+storage's :class:`~rbdata.storages.frames._directory.FrameDirectory` (its path, files, writer
+and read-only flag): :meth:`FrameStackStorage.open` reopens them, and every write is atomic
+across a kill (see ``_directory.py``). Checkpoints, state dicts and ``rbdata inspect`` are the
+storage's hooks, over the dump format of ``_dumped.py``.
 """
 
 from __future__ import annotations
 
+import os
 import pickle
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
@@ -35,16 +38,25 @@ from rbdata._core.ids import new_id
 from rbdata._core.layout import Layout, Leaf
 from rbdata._core.layout.keys import DICT_KIND
 from rbdata._core.shown import shown
+from rbdata.errors import CheckpointError
+from rbdata.storages._describe import StorageInfo
+from rbdata.storages._persist import check_config
 from rbdata.storages._unpack import ItemUnpacker
-from rbdata.storages.base import Prepared, Storage, WriteTarget
+from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
 from rbdata.storages.frames._codecs import FrameCodec
-from rbdata.storages.frames._files import FrameFiles
-from rbdata.storages.frames._format import STEPS_DIR, FramesMeta, check_stacks
-from rbdata.storages.frames._persist import FramePersistence
+from rbdata.storages.frames._directory import FrameDirectory
+from rbdata.storages.frames._dumped import (
+    check_dumped,
+    describe_dir,
+    dump_dir,
+    dump_meta,
+    frames_of,
+    state_of,
+)
+from rbdata.storages.frames._format import META_FILE, FramesMeta, check_stacks
 from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.frames._streams import TRACKED, StreamTracker
 from rbdata.storages.frames._writer import FrameWriter
-from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
 __all__ = ["REFS_KEY", "FrameStackStorage"]
@@ -52,8 +64,10 @@ __all__ = ["REFS_KEY", "FrameStackStorage"]
 #: The steps' leaf that holds each step's frame slots (``[2, stack]`` int32).
 REFS_KEY = ("_frame_refs",)
 
+_F = TypeVar("_F", bound="FrameStackStorage")
 
-class FrameStackStorage(FramePersistence):
+
+class FrameStackStorage(Storage):
     """Frame-stacked pixel transitions, each frame stored once (optionally compressed).
 
     Args:
@@ -88,6 +102,9 @@ class FrameStackStorage(FramePersistence):
         True
     """
 
+    kind = "frames"
+    marker_file = META_FILE
+
     def __init__(
         self,
         capacity: int,
@@ -108,25 +125,17 @@ class FrameStackStorage(FramePersistence):
         self._key: tuple[str, ...] = keys
         self._next_key: tuple[str, ...] = ("next", *keys)
         self._codec = None if codec is None else FrameCodec(codec)
-        self._path = None if path is None else Path(path)
-        self._files: FrameFiles | None = None
-        if self._path is not None:
-            if self.device.type != "cpu":
-                raise ValueError(f"device: a storage with a path is on the CPU, got {self.device}")
-            meta = FramesMeta(new_id(), self.capacity, stack, keys, self.codec)
-            self._files = FrameFiles.create(self._path, meta)
-        self._steps: Storage = self._new_steps(self._path)
+        if path is not None and self.device.type != "cpu":
+            raise ValueError(f"device: a storage with a path is on the CPU, got {self.device}")
+        meta = FramesMeta(new_id(), self.capacity, stack, keys, self.codec)
+        self._dir = FrameDirectory.create(None if path is None else Path(path), meta)
+        self._steps: Storage = self._dir.new_steps(self.capacity, self.device)
         self._pool: FramePool | None = None
         self._tracker: StreamTracker | None = None
         self._places: tuple[int, int, list[int]] = (0, 0, [])  # obs, next, other leaves
         self._writer: FrameWriter | None = None  # the frames side of writes
         self._unpacker: ItemUnpacker | None = None  # the per-step path (see add_fast)
         self._unpack: Any = None
-
-    def _new_steps(self, path: Path | None) -> Storage:
-        if path is None:
-            return TensorStorage(self.capacity, self.device)
-        return MemmapStorage(self.capacity, path / STEPS_DIR)
 
     # --- what it is ------------------------------------------------------------------------
     @property
@@ -206,13 +215,19 @@ class FrameStackStorage(FramePersistence):
         self._steps_layout = Layout(DICT_KIND, steps)
         # every step's newest frame, plus 1/64 for episode starts and the writer's pins
         slots = self.capacity + self.capacity // 64 + 2 * self._stack * (TRACKED + 2)
-        if self._files is not None:  # frames.json names the layout before any frame file
-            self._files.fix_layout(layout)
-        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, self._files)
+        self._dir.fix_layout(layout)  # frames.json names the layout before any frame file
+        files = self._dir.files
+        self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, files)
         word = self._pool.word
         self._tracker = StreamTracker(self._stack, self._pool.frame_bytes // word().itemsize, word)
-        self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
+        self._new_writer()
         self._bind_fast(layout)
+
+    def _new_writer(self) -> None:
+        """The frames side of writes, bound to the pool, the tracker and the steps."""
+        assert self._pool is not None and self._tracker is not None
+        args = (self._steps, self._stack, self._places, self._steps_layout)
+        self._writer = FrameWriter(self._pool, self._tracker, *args)
 
     def _bind_fast(self, layout: Layout | None) -> None:
         """Set up the per-step path (steps in CPU numpy rows; else every write commits)."""
@@ -239,22 +254,9 @@ class FrameStackStorage(FramePersistence):
             self._ensure_layout(prepared.layout)
         if not target.n:  # an empty batch: nothing to store
             return
-        writer = self._writer
-        assert writer is not None
-        obs_at, next_at, others = self._places
-        payload = prepared.payload
+        assert self._writer is not None
         n = target.n
-        obs, nxt = writer.words(payload[obs_at], n), writer.words(payload[next_at], n)
-        slots = target.slots_numpy()
-        old = writer.old_refs(slots, len(self))  # released once the steps are committed
-        refs = writer.admit(obs, nxt, None if target.indices is None else slots)
-        rows = torch.from_numpy(refs.astype(np.int32))
-        inner = [payload[i] for i in others]
-        inner.append(rows if prepared.batched else rows[0])
-        first = self._steps.layout is None
-        steps = Prepared(inner, n, self._steps_layout if first else None, prepared.batched)
-        self._steps.commit(target, steps)
-        writer.release(old)  # after the commit: a kill never leaves old steps over new frames
+        self._writer.commit(target, prepared, len(self))
         self._items_written += n
         if target.top > len(self):
             self._set_length(target.top)
@@ -267,7 +269,10 @@ class FrameStackStorage(FramePersistence):
         """Whether rows may be written now (a layout, CPU steps, this process the writer)."""
         unpacker, steps = self._unpacker, self._steps
         return (
-            unpacker is not None and not self._closed and not steps.shared and self._writes_here()
+            unpacker is not None
+            and not self._closed
+            and not steps.shared
+            and self._dir.writes_here()
         )
 
     def add_fast(self, slot: int, item: Any, check: Any = None) -> bool:
@@ -286,30 +291,8 @@ class FrameStackStorage(FramePersistence):
         return self._put_row(slot, values)
 
     def _put_row(self, slot: int, values: list[Any]) -> bool:
-        """:meth:`write_row` once :meth:`_rows_ok` said yes."""
-        writer = self._writer
-        assert writer is not None
-        obs_at, next_at, others = self._places
-        obs, nxt = values[obs_at], values[next_at]
-        old = writer.old_ref(slot, self._length)
-        refs = writer.admit_one(obs, nxt, old)  # old dropped too (undone if the write fails)
-        late = None
-        if refs is None:
-            refs, late = writer.admit(writer.words(obs, 1), writer.words(nxt, 1)), old
-        rows = [values[i] for i in others]
-        rows.append(refs[0])  # cast to int32 by the row assignment
-        try:
-            if not self._steps.write_row(slot, rows):  # e.g. the steps' views were dropped
-                payload = [torch.as_tensor(np.asarray(r)) for r in rows]
-                payload[-1] = payload[-1].to(torch.int32)
-                self._steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
-        except BaseException:  # the step was not written: the old one keeps its frames
-            if late is None:
-                writer.undrop(old)
-            writer.release(refs)
-            raise
-        if late is not None:
-            writer.release(late)  # after the steps: a freed frame is never reused by this write
+        """:meth:`write_row` once :meth:`_rows_ok` said yes (the writer is set then)."""
+        self._writer.put_row(slot, values, self._length)  # type: ignore[union-attr]
         top = slot + 1
         if top > self._length:
             self._length = top
@@ -333,18 +316,7 @@ class FrameStackStorage(FramePersistence):
         writer = self._writer
         if writer is None or not self._rows_ok():
             return False
-        slots = np.arange(start, start + n) % self.capacity
-        obs_at, next_at, others = self._places
-        obs, nxt = writer.words(values[obs_at], n), writer.words(values[next_at], n)
-        old = writer.old_refs(slots, self._length)  # read before the steps are overwritten
-        refs = writer.admit(obs, nxt)
-        rows = [values[i] for i in others]
-        rows.append(refs.astype(np.int32))
-        if not self._steps.write_rows(start, n, rows):  # e.g. the steps' views were dropped
-            payload = [torch.from_numpy(np.ascontiguousarray(r)) for r in rows]
-            target = WriteTarget.ring(start, n, self.capacity)
-            self._steps.commit(target, Prepared(payload, n, None, True))
-        writer.release(old)  # after the steps: a freed frame is never reused by this write
+        writer.write_rows(start, n, values, self._length)
         top = start + n
         if top > self._length:
             self._length = min(top, self.capacity)
@@ -385,6 +357,238 @@ class FrameStackStorage(FramePersistence):
     def _get(self, index: int) -> Any:
         return self.gather(torch.tensor([index]), None)[0]
 
+    # --- its directory ---------------------------------------------------------------------
+    @classmethod
+    def open(
+        cls: type[_F],
+        path: str | os.PathLike[str],
+        copy_on_write: bool = False,
+        read_only: bool = False,
+    ) -> _F:
+        """Reopen a storage directory written with ``path=`` (after a restart, a crash, a kill).
+
+        ``frames.json``, the steps' files (:meth:`MemmapStorage.open
+        <rbdata.storages.MemmapStorage.open>`: a committed write left by a killed writer is
+        replayed) and the frame files' headers and sizes are checked first; then the frames'
+        reference counts are rebuilt from the stored steps' refs, so the frames of a write cut
+        by a kill are simply free. Every ``extend`` that returned is there, the one cut by the
+        kill wholly there or wholly absent.
+
+        Args:
+            path: the storage directory.
+            copy_on_write: map the files privately: writes stay in this process (how a
+                checkpoint is loaded).
+            read_only: as ``copy_on_write``, and every write is refused (``ReadOnlyError``).
+
+        Raises:
+            FileNotFoundError: no storage directory at ``path``.
+            ValueError: naming the file and the field that is corrupt or out of range.
+            StorageInUseError: another process (or storage object) writes the directory.
+
+        Examples:
+            >>> import shutil, tempfile, torch
+            >>> from tensordict import TensorDict
+            >>> from rbdata.storages import FrameStackStorage
+            >>> frames = torch.arange(5 * 4, dtype=torch.uint8).view(5, 2, 2)
+            >>> obs = torch.stack([frames[i : i + 2] for i in range(3)])  # stacks of 2
+            >>> nxt = torch.stack([frames[i + 1 : i + 3] for i in range(3)])
+            >>> tmp = tempfile.mkdtemp()
+            >>> path = tmp + "/pixels"
+            >>> storage = FrameStackStorage(100, 2, path=path, codec="lz4")
+            >>> td = TensorDict({"observation": obs, "next": {"observation": nxt}}, [3])
+            >>> storage.set(slice(0, 3), td)
+            >>> storage.close()
+            >>> again = FrameStackStorage.open(path)
+            >>> len(again), again.frames_stored, bool((again[2] == td[2]).all())
+            (3, 5, True)
+            >>> again.close()
+            >>> shutil.rmtree(tmp)
+        """
+        directory = FrameDirectory.open(path, copy_on_write, read_only)
+        meta = directory.meta
+        try:
+            storage = cls(meta.capacity, meta.stack, key=meta.key, codec=meta.codec)  # type: ignore[arg-type]
+        except BaseException:
+            directory.close()
+            raise
+        storage._dir = directory
+        try:
+            storage._steps = directory.open_steps(copy_on_write)
+            storage._attach(meta.layout)
+        except BaseException:
+            storage.close()
+            raise
+        return storage
+
+    def _attach(self, layout: Layout | None) -> None:
+        """Take the steps as they are: the layout, the counts and the frames' references."""
+        steps = self._steps
+        if steps.capacity != self.capacity or (layout is None and steps.layout is not None):
+            raise ValueError(
+                f"{self._dir.path}: the steps (capacity {steps.capacity}, {steps.layout}) do not "
+                f"match frames.json (capacity {self.capacity}, layout {layout})"
+            )
+        n = len(steps)
+        if layout is not None:
+            self.check_layout(layout)
+            self._ensure_layout(layout)
+            if steps.layout not in (None, self._steps_layout):
+                raise ValueError(
+                    f"{self._dir.path}: the steps' layout {steps.layout} does not match"
+                )
+            assert self._pool is not None and self._tracker is not None
+            refs = steps.buffers[-1][:n].cpu().numpy() if n else np.zeros(0)  # type: ignore[attr-defined]
+            self._tracker.forget(None)  # the counts are rebuilt: no pins
+            self._pool.rebuild(refs.astype(np.int64))
+        self._set_length(n)
+        self._set_next(steps.next_slot)
+
+    @property
+    def path(self) -> Path | None:
+        """The storage directory (``None`` in memory)."""
+        self._check_open()
+        return self._dir.path
+
+    def flush(self) -> None:
+        """Write the frames, then the steps, to their files durably (``fsync``)."""
+        self._check_open()
+        self._dir.flush(self._pool, self._steps)
+
+    def close(self) -> None:
+        """Close the files (a storage with a path); every other method then raises."""
+        if self._closed:
+            return
+        self._dir.record_last(self._pool)
+        self._closed = True
+        close = getattr(self._steps, "close", None)
+        if close is not None:
+            close()
+        if self._pool is not None:
+            self._pool.close()
+        self._dir.close()
+
+    def _check_writable(self) -> None:
+        self._check_open()
+        self._dir.check_writable()
+
+    # --- checkpoints, state dicts, in-place loads, ``rbdata inspect`` ----------------------
+    def copy_from(self, src: Storage) -> None:
+        """Hold what ``src`` holds: frames slot for slot and the steps (same stack and codec).
+
+        The steps are emptied first, so a kill leaves this storage empty or a whole copy.
+        Another storage (or another codec) is copied row by row through :meth:`set`.
+        """
+        self._check_writable()
+        ignore = {"device": ""}
+        if (
+            not isinstance(src, FrameStackStorage)
+            or src.layout is None
+            or src._pool is None
+            or src.config() | ignore != self.config() | ignore
+        ):
+            super().copy_from(src)
+            self._steps._set_next(self.next_slot)  # where the files say a writer resumes
+            return
+        self.clear()
+        self._ensure_layout(src.layout)
+        assert self._pool is not None
+        self._pool.load(*src._pool.export())
+        self._steps.copy_from(src._steps)
+        self._attach(self._layout)
+        self._items_written += len(src)
+
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """Write a storage directory: ``frames.json``, the steps (their own hook), the frames."""
+        self._check_open()
+        meta = dump_meta(self.config(), self.layout, self._pool)
+        return dump_dir(directory, meta, self._steps, self._pool, codec, tensors, fsync)
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """Check ``frames.json``, the steps' files and the frame files (sizes, headers, ids)."""
+        return check_dumped(cls, directory, config, state, meta_file)
+
+    @classmethod
+    def restore(cls: type[_F], saved: SavedStorage) -> _F:
+        """The dumped directory opened copy-on-write (lazy; writes never reach it).
+
+        A storage saved from a GPU is copied to its device.
+        """
+        directory, config = saved.directory, saved.config
+        try:
+            storage = cls.open(directory, copy_on_write=True)
+        except (OSError, ValueError) as err:
+            raise CheckpointError(f"{directory}: {err}") from err
+        check_config(storage, config)
+        if torch.device(config.get("device", "cpu")).type == "cpu":
+            return storage
+        own = cls(**config)
+        try:
+            own.copy_from(storage)
+        finally:
+            storage.close()
+        return own
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """The layout, the steps' state (their own hook) and the frames (``uint8`` tensors)."""
+        self._check_open()
+        return state_of(self._steps, self.layout, self._pool, codec)
+
+    @classmethod
+    def from_state(cls: type[_F], config: dict[str, Any], state: Any, codec: Codec) -> _F:
+        """A new storage in memory, filled from :meth:`dump_state`."""
+        storage = cls(**config)
+        try:
+            steps = {"max_size": storage.capacity, "device": str(storage.device)}
+            storage._steps = TensorStorage.from_state(steps, state["steps"], codec)
+            frames = frames_of(state)
+            if frames is not None:
+                layout, data, table = frames
+                storage.check_layout(layout)
+                storage._ensure_layout(layout)
+                assert storage._pool is not None
+                storage._pool.load(data, table)
+                storage._attach(layout)
+            elif len(storage._steps):
+                raise ValueError("steps without a layout")
+        except CheckpointError:
+            raise
+        except (KeyError, TypeError, ValueError, RuntimeError, AttributeError) as err:
+            raise CheckpointError(f"{cls.__name__}: state: {err}") from err
+        return storage
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """``frames.json`` and the steps' metadata: stack, codec, frames held, bytes per step."""
+        return describe_dir(directory)
+
+    @classmethod
+    def empty_like(
+        cls: type[_F],
+        src: Storage,
+        path: str | os.PathLike[str] | None = None,
+        block_rows: int | None = None,
+    ) -> _F:
+        """A new, empty storage like ``src`` (a FrameStackStorage) at ``path``."""
+        if not isinstance(src, FrameStackStorage):
+            raise TypeError(
+                f"{cls.__name__} is made from another FrameStackStorage (its stack and key); "
+                "build one with FrameStackStorage(capacity, stack, path=...) and write to it"
+            )
+        config = src.config()
+        key, codec = tuple(config["key"]), config["codec"]
+        return cls(src.capacity, config["stack"], key=key, codec=codec, path=path)
+
     # --- pickling: a consistent snapshot ---------------------------------------------------
     def __getstate__(self) -> dict[str, Any]:
         # the steps and the frames travel together as one copy (pickled plainly, never moved
@@ -392,7 +596,7 @@ class FrameStackStorage(FramePersistence):
         # storage with a path is an in-memory one
         state = self.__dict__.copy()
         state["_steps"] = pickle.dumps(self._steps.dump_state(None))  # type: ignore[arg-type]
-        state.update(_path=None, _files=None, _read_only=False)
+        del state["_dir"]  # a copy of a storage with a path is an in-memory one
         state["_unpacker"] = state["_unpack"] = None  # compiled for this process: anew
         state["_writer"] = None  # bound to the steps, rebuilt with the copy's own
         return state
@@ -400,8 +604,9 @@ class FrameStackStorage(FramePersistence):
     def __setstate__(self, state: dict[str, Any]) -> None:
         snapshot = pickle.loads(state.pop("_steps"))
         self.__dict__.update(state)
+        self._dir = FrameDirectory()
         config = {"max_size": self.capacity, "device": str(self.device)}
         self._steps = TensorStorage.from_state(config, snapshot, None)  # type: ignore[arg-type]
         if self._pool is not None and self._tracker is not None:
-            self._writer = FrameWriter(self._pool, self._tracker, self._steps, self._stack)
+            self._new_writer()
         self._bind_fast(self._layout)
