@@ -15,7 +15,7 @@ import torch
 from rbdata import SliceSampler
 from rbdata.datasets import ChecksumError, DownloadError, OfflineDataset, OGBench
 from rbdata.datasets import ogbench as ogbench_module
-from rbdata.datasets._ogbench_catalog import ogbench_entry
+from rbdata.datasets._catalog import ogbench_entry
 from tests._d4rl_files import serve
 from tests._ogbench_files import expected_episodes, reference_rows, write_ogbench_file
 

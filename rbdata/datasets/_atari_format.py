@@ -6,7 +6,7 @@ array, each holding one ``np.save`` array (no pickle): the buffer's ``capacity``
 ``$store$_reward`` and ``$store$_terminal`` (``[capacity]``), its ``add_count`` (0-d: how many
 records were ever added, padding included) and its ``invalid_range``. Every file is read
 through its ``.npy`` header and streamed through the decompressor
-(:mod:`rbdata.datasets._npz`), so a frame file is never in memory whole; nothing is ever
+(:mod:`rbdata.datasets._build`), so a frame file is never in memory whole; nothing is ever
 unpickled. :func:`valid_positions` applies the rules of ``is_valid_transition`` (see
 :mod:`rbdata.datasets.atari` for them in words), vectorised over the whole buffer; the tests
 check it against a per-index loop.
@@ -22,7 +22,7 @@ from typing import IO, cast
 
 import numpy as np
 
-from rbdata.datasets._npz import NpzMember, RowStream, read_npy_header
+from rbdata.datasets._build import NpzMember, RowStream, read_npy_header
 
 __all__ = [
     "Checkpoint",

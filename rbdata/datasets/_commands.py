@@ -22,13 +22,16 @@ from typing import Any
 from rbdata.datasets._atari_catalog import AtariSource, atari_id
 from rbdata.datasets._atari_commands import atari_rows, open_atari
 from rbdata.datasets._cache import BACKENDS, DATASET_FILE, d4rl_download_path, entry_dir
-from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog, d4rl_entry
-from rbdata.datasets._minari_extra import minari_module, remote_access
-from rbdata.datasets._ogbench_catalog import (
+from rbdata.datasets._catalog import (
+    D4RLEntry,
     OGBenchFile,
+    d4rl_catalog,
+    d4rl_entry,
+    minari_module,
     ogbench_catalog,
     ogbench_download_path,
     ogbench_file,
+    remote_access,
 )
 from rbdata.errors import MissingExtraError
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from rbdata.datasets._atari_catalog import AtariSource
 from rbdata.datasets._cache import DATASET_FILE, read_entry
-from rbdata.datasets._catalog import D4RLEntry
+from rbdata.datasets._catalog import D4RLEntry, OGBenchFile
 from rbdata.datasets._commands import (
     DatasetRef,
     catalog_entry,
@@ -20,7 +20,6 @@ from rbdata.datasets._commands import (
     print_table,
     tree_size,
 )
-from rbdata.datasets._ogbench_catalog import OGBenchFile
 
 __all__ = ["advice", "info_command"]
 

@@ -3,7 +3,7 @@
 Everything is removed under the lock of what it belongs to, below the cache root only, and
 never through a symbolic link. Besides entries, downloaded files and partial downloads, a
 remove clears the leftovers of a killed or failed run: stale lock files (taking a lock removes
-its file on release, see :mod:`rbdata.datasets._lock`), temporary build folders and the folders
+its file on release, see :mod:`rbdata.datasets._cache`), temporary build folders and the folders
 left empty.
 """
 
@@ -22,7 +22,7 @@ from rbdata.datasets._cache import (
     prune_empty_dirs,
     read_entry,
 )
-from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog
+from rbdata.datasets._catalog import D4RLEntry, OGBenchFile, d4rl_catalog, ogbench_download_path
 from rbdata.datasets._commands import (
     DOWNLOADS,
     DatasetRef,
@@ -33,7 +33,6 @@ from rbdata.datasets._commands import (
     pick_backend,
     tree_size,
 )
-from rbdata.datasets._ogbench_catalog import OGBenchFile, ogbench_download_path
 
 __all__ = ["remove_command"]
 

@@ -96,9 +96,14 @@ from rbdata.datasets._cache import (
     lock_for,
     prune_empty_dirs,
 )
-from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
+from rbdata.datasets._download import (
+    LOCAL_HINT,
+    Downloaded,
+    local_path,
+    resolve_mirror,
+    verify_file,
+)
 from rbdata.datasets._download import download as fetch
-from rbdata.datasets._prepare import LOCAL_HINT
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 

@@ -44,7 +44,7 @@ from typing import Any
 
 import numpy as np
 
-from rbdata.datasets._build import Block, write_blocks
+from rbdata.datasets._build import Block, json_safe, write_blocks
 from rbdata.datasets._cache import (
     DATASET_FILE,
     cache_root,
@@ -53,10 +53,14 @@ from rbdata.datasets._cache import (
     lock_for,
 )
 from rbdata.datasets._catalog import D4RL_PREFIX, D4RLEntry, d4rl_entry
-from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
+from rbdata.datasets._download import (
+    Downloaded,
+    local_path,
+    prepare_entry,
+    resolve_mirror,
+    verify_file,
+)
 from rbdata.datasets._download import download as fetch
-from rbdata.datasets._json import json_safe
-from rbdata.datasets._prepare import prepare_entry
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 

@@ -52,7 +52,7 @@ from typing import Any
 
 import numpy as np
 
-from rbdata.datasets._build import Block, write_blocks
+from rbdata.datasets._build import Block, json_safe, write_blocks
 from rbdata.datasets._cache import (
     DATASET_FILE,
     STORAGE_DIR,
@@ -61,9 +61,8 @@ from rbdata.datasets._cache import (
     entry_dir,
     prune_empty_dirs,
 )
-from rbdata.datasets._json import json_safe
-from rbdata.datasets._minari_extra import minari_module as _minari
-from rbdata.datasets._minari_extra import remote_access
+from rbdata.datasets._catalog import minari_module as _minari
+from rbdata.datasets._catalog import remote_access
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 

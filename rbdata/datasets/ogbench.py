@@ -33,8 +33,8 @@ sha256 where the catalog has them, ``sha256=`` instead) and converted in place, 
 modified or deleted.
 
 The conversion (:func:`convert_ogbench`) goes chunk by chunk: every member is streamed
-(:mod:`rbdata.datasets._npz`), so memory holds one block of rows (at most ~32 MiB of row data), not
-the file.
+(:class:`~rbdata.datasets._build.NpzArchive`), so memory holds one block of rows (at most
+~32 MiB of row data), not the file.
 
 The layout follows OGBench's loader, ``ogbench.utils.load_dataset``: a trajectory of ``T``
 steps is ``T`` rows ``(s_t, a_t)``, and ``terminals`` is 1 on its last row, whose next
@@ -53,24 +53,27 @@ from typing import Any
 
 import numpy as np
 
-from rbdata.datasets._build import Block, write_blocks
+from rbdata.datasets._build import Block, NpzArchive, NpzMember, RowStream, json_safe, write_blocks
 from rbdata.datasets._cache import (
     DATASET_FILE,
     cache_root,
     entry_dir,
     lock_for,
 )
-from rbdata.datasets._download import Downloaded, local_path, resolve_mirror, verify_file
-from rbdata.datasets._download import download as fetch
-from rbdata.datasets._json import json_safe
-from rbdata.datasets._npz import NpzArchive, NpzMember, RowStream
-from rbdata.datasets._ogbench_catalog import (
+from rbdata.datasets._catalog import (
     OGBENCH_PREFIX,
     OGBenchFile,
     ogbench_download_path,
     ogbench_entry,
 )
-from rbdata.datasets._prepare import prepare_entry
+from rbdata.datasets._download import (
+    Downloaded,
+    local_path,
+    prepare_entry,
+    resolve_mirror,
+    verify_file,
+)
+from rbdata.datasets._download import download as fetch
 from rbdata.datasets.base import OfflineDataset
 from rbdata.samplers.base import Sampler
 
@@ -174,7 +177,7 @@ def source_url(source: OGBenchFile) -> str:
     """The URL to download ``source`` from: the catalog's, behind ``RBDATA_OGBENCH_MIRROR``.
 
     Examples:
-        >>> from rbdata.datasets._ogbench_catalog import ogbench_file
+        >>> from rbdata.datasets._catalog import ogbench_file
         >>> source_url(ogbench_file("scene-play-v0-val"))
         'https://rail.eecs.berkeley.edu/datasets/ogbench/scene-play-v0-val.npz'
     """
