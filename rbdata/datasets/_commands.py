@@ -7,7 +7,7 @@ is the validation split of ``<name>``; ``atari-dqn/Pong/1`` is ``atari-dqn/Pong/
 name without ``/`` is a D4RL id. Each ``*_command`` prints its report to stdout, notes to
 stderr, and returns the exit code; errors are raised (``rbdata.cli`` prints them as one line
 with :func:`error_line`). ``info``, ``remove``, ``sample`` and the ``atari-dqn`` rows live in
-``_info``, ``_remove``, ``_samples`` and ``_atari_commands``.
+``_info``, ``_remove``, ``_samples`` and :mod:`rbdata.datasets.atari`.
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rbdata.datasets._atari_catalog import AtariSource, atari_id
-from rbdata.datasets._atari_commands import atari_rows, open_atari
+from rbdata.datasets import atari
 from rbdata.datasets._cache import BACKENDS, DATASET_FILE, d4rl_download_path, entry_dir
 from rbdata.datasets._catalog import (
     D4RLEntry,
@@ -33,6 +32,7 @@ from rbdata.datasets._catalog import (
     ogbench_file,
     remote_access,
 )
+from rbdata.datasets.atari._catalog import AtariSource, atari_id, atari_rows
 from rbdata.errors import MissingExtraError
 
 __all__ = [
@@ -358,7 +358,9 @@ def download_command(
             progress=True,
         )
     elif ref.family == "atari-dqn":
-        dataset = open_atari(root, ref.name, backend=backend, url=url, sha256=sha256, file=file)
+        dataset = atari.open_atari(
+            root, ref.name, backend=backend, url=url, sha256=sha256, file=file
+        )
     else:
         if url is not None or sha256 is not None or file is not None:
             raise ValueError(

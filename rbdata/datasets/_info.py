@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from rbdata.datasets._atari_catalog import AtariSource
 from rbdata.datasets._cache import DATASET_FILE, read_entry
 from rbdata.datasets._catalog import D4RLEntry, OGBenchFile
 from rbdata.datasets._commands import (
@@ -20,6 +19,7 @@ from rbdata.datasets._commands import (
     print_table,
     tree_size,
 )
+from rbdata.datasets.atari._catalog import AtariSource
 
 __all__ = ["advice", "info_command"]
 

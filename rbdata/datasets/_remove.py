@@ -14,7 +14,6 @@ import shutil
 from collections.abc import Iterable
 from pathlib import Path
 
-from rbdata.datasets._atari_catalog import AtariSource, atari_download_path
 from rbdata.datasets._cache import (
     BACKENDS,
     d4rl_download_path,
@@ -33,6 +32,7 @@ from rbdata.datasets._commands import (
     pick_backend,
     tree_size,
 )
+from rbdata.datasets.atari._catalog import AtariSource, atari_download_path
 
 __all__ = ["remove_command"]
 
