@@ -9,6 +9,8 @@ from __future__ import annotations
 
 __all__ = [
     "CheckpointError",
+    "ChecksumError",
+    "DownloadError",
     "EmptyBufferError",
     "MissingExtraError",
     "ReadOnlyError",
@@ -43,3 +45,18 @@ class MissingExtraError(ImportError):
         super().__init__(
             f"{feature} needs the optional dependency {package!r}: pip install 'rbdata[{extra}]'"
         )
+
+
+class DownloadError(OSError):
+    """Raised when a dataset file cannot be fetched (missing, refused, or network failures).
+
+    Raised by the offline datasets (:mod:`rbdata.datasets`, which exports it too).
+    """
+
+
+class ChecksumError(ValueError):
+    """Raised when a downloaded or local file has the wrong size or SHA-256 digest.
+
+    The message names the file (or URL), the expected and the actual value. A file that was
+    already there (a local copy, a file in the cache) is never deleted for failing the check.
+    """

@@ -20,10 +20,10 @@ import pytest
 import torch
 
 from rbdata.datasets import AtariDQN, ChecksumError, DownloadError
-from rbdata.datasets import _atari_convert as convert_module
-from rbdata.datasets import atari as atari_module
-from rbdata.datasets._atari_catalog import atari_catalog, atari_id, atari_source, checkpoint_spec
-from rbdata.datasets._atari_convert import count_transitions, write_transitions
+from rbdata.datasets.atari import _convert as convert_module
+from rbdata.datasets.atari import _dataset as atari_module
+from rbdata.datasets.atari._catalog import atari_catalog, atari_id, atari_source, checkpoint_spec
+from rbdata.datasets.atari._convert import count_transitions, write_transitions
 from rbdata.storages import FrameStackStorage, TensorStorage
 from tests._atari_dqn_files import load, reference, serve_ranges, write_run
 
@@ -332,8 +332,8 @@ def test_catalog_ids_and_arguments() -> None:
 @pytest.mark.network
 def test_the_bucket_serves_the_small_files(tmp_path: Path) -> None:
     """The real bucket: Pong run 1's checkpoint 49 count and invalid range (a few bytes)."""
-    from rbdata.datasets._atari_format import _read_all
     from rbdata.datasets._download import download
+    from rbdata.datasets.atari._convert import _read_all
 
     source = atari_source("Pong", 1, 49)
     got = {}

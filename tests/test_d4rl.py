@@ -21,7 +21,6 @@ from torch.utils.data import DataLoader
 
 from rbdata import PrioritizedSampler, ReadOnlyError, SamplerWithoutReplacement, SliceSampler
 from rbdata.datasets import D4RL, ChecksumError, OfflineDataset
-from rbdata.datasets import _d4rl_convert as convert_module
 from rbdata.datasets import d4rl as d4rl_module
 from rbdata.datasets._catalog import d4rl_entry
 from tests._d4rl_files import reference_rows, serve, write_d4rl_file
@@ -89,7 +88,7 @@ def test_every_row_matches_the_file(
     file = tmp_path / "src" / "data.hdf5"
     file.parent.mkdir()
     arrays = write_d4rl_file(file, n=1000, **variant)
-    monkeypatch.setattr(convert_module, "_BLOCK_ROWS", 97)  # many blocks, odd boundaries
+    monkeypatch.setattr(d4rl_module, "_BLOCK_ROWS", 97)  # many blocks, odd boundaries
     with serve(file.parent) as (url, _):
         ds = D4RL(
             ID,
@@ -219,15 +218,15 @@ def test_a_foreign_file_is_refused_and_not_cached(tmp_path: Path) -> None:
 
 # --- atomic conversion ------------------------------------------------------------------------
 def test_a_failed_conversion_leaves_no_entry(mirror: dict[str, Any], monkeypatch) -> None:
-    original = convert_module._blocks
+    original = d4rl_module._blocks
 
     def failing(*args: Any, **kwargs: Any) -> Iterator[Any]:
         blocks = original(*args, **kwargs)
         yield next(blocks)
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(convert_module, "_BLOCK_ROWS", 100)
-    monkeypatch.setattr(convert_module, "_blocks", failing)
+    monkeypatch.setattr(d4rl_module, "_BLOCK_ROWS", 100)
+    monkeypatch.setattr(d4rl_module, "_blocks", failing)
     with pytest.raises(RuntimeError, match="injected"):
         D4RL(ID, sha256=mirror["sha256"], progress=False)
     # no entry, no temporary folder, no lock file, no empty folder: only the verified download
@@ -238,7 +237,7 @@ def test_a_failed_conversion_leaves_no_entry(mirror: dict[str, Any], monkeypatch
         "d4rl/downloads/gym_mujoco_v2",
         f"d4rl/downloads/{FILE}",
     ]
-    monkeypatch.setattr(convert_module, "_blocks", original)
+    monkeypatch.setattr(d4rl_module, "_blocks", original)
     ds = D4RL(ID, sha256=mirror["sha256"], progress=False)
     _check_rows(ds, mirror["arrays"])
     assert mirror["requests"] == ["/" + FILE]  # the download was kept: not fetched twice

@@ -16,7 +16,7 @@ import pytest
 import torch
 
 from rbdata.datasets import D4RL
-from rbdata.datasets._d4rl_convert import convert_d4rl, read_d4rl_metadata
+from rbdata.datasets.d4rl import convert_d4rl, read_d4rl_metadata
 from rbdata.storages import MemmapStorage
 from tests._d4rl_files import reference_rows, write_d4rl_file
 

@@ -23,16 +23,15 @@ import filelock
 import numpy as np
 import pytest
 
+from rbdata.datasets._cache import file_lock
 from rbdata.datasets._download import (
-    ChecksumError,
     Downloaded,
-    DownloadError,
     download,
-    file_lock,
     local_path,
     resolve_mirror,
     verify_file,
 )
+from rbdata.errors import ChecksumError, DownloadError
 
 PAYLOAD = np.random.default_rng(1234).integers(0, 256, size=300_000, dtype=np.uint8).tobytes()
 DIGEST = hashlib.sha256(PAYLOAD).hexdigest()

@@ -26,7 +26,7 @@ pytest.importorskip("pyarrow")
 
 from minari.data_collector import EpisodeBuffer  # noqa: E402
 
-import rbdata.datasets._minari_convert as convert_module  # noqa: E402
+import rbdata.datasets.minari as minari_module  # noqa: E402
 from rbdata import SliceSampler  # noqa: E402
 from rbdata.datasets.minari import Minari  # noqa: E402
 from rbdata.errors import MissingExtraError, ReadOnlyError  # noqa: E402
@@ -233,7 +233,7 @@ def test_matches_minari(
     block_rows: int | None,
 ) -> None:
     if block_rows is not None:  # small blocks: episodes accumulated and split across blocks
-        monkeypatch.setattr(convert_module, "_BLOCK_ROWS", block_rows)
+        monkeypatch.setattr(minari_module, "_BLOCK_ROWS", block_rows)
     dataset_id = f"tests/{kind}-{fmt}-v0"
     make_dataset(dataset_id, kind, fmt)
     ds = Minari(dataset_id, cache, backend=backend, progress=False)
@@ -502,8 +502,8 @@ def test_failure_midway_leaves_no_entry(
     minari_home: Path, cache: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     make_dataset("tests/fail-v0", "dict", "hdf5")
-    monkeypatch.setattr(convert_module, "_BLOCK_ROWS", 4)
-    real = convert_module._blocks
+    monkeypatch.setattr(minari_module, "_BLOCK_ROWS", 4)
+    real = minari_module._blocks
     yielded: list[int] = []
 
     def failing(*args: Any, **kwargs: Any) -> Iterator[Any]:
@@ -513,14 +513,14 @@ def test_failure_midway_leaves_no_entry(
         yield block
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(convert_module, "_blocks", failing)
+    monkeypatch.setattr(minari_module, "_blocks", failing)
     with pytest.raises(RuntimeError, match="injected failure"):
         Minari("tests/fail-v0", cache, progress=False)
     assert yielded and 0 < yielded[0] < sum(steps for steps, _ in EPISODES)
     # no entry, no temporary folder, no lock file, no empty folder
     assert not cache.exists() or list(cache.rglob("*")) == []
 
-    monkeypatch.setattr(convert_module, "_blocks", real)
+    monkeypatch.setattr(minari_module, "_blocks", real)
     ds = Minari("tests/fail-v0", cache, progress=False)
     assert_matches_minari(ds, "tests/fail-v0")
     ds.close()

@@ -14,9 +14,8 @@ import torch
 
 from rbdata import SliceSampler
 from rbdata.datasets import ChecksumError, DownloadError, OfflineDataset, OGBench
-from rbdata.datasets import _ogbench_convert as convert_module
 from rbdata.datasets import ogbench as ogbench_module
-from rbdata.datasets._ogbench_catalog import ogbench_entry
+from rbdata.datasets._catalog import ogbench_entry
 from tests._d4rl_files import serve
 from tests._ogbench_files import expected_episodes, reference_rows, write_ogbench_file
 
@@ -85,7 +84,7 @@ def test_every_row_matches_the_file(
 ) -> None:
     file = tmp_path / "src" / "data.npz"
     arrays = write_ogbench_file(file, n=1000, **variant)
-    monkeypatch.setattr(convert_module, "_BLOCK_ROWS", 97)  # many blocks, odd boundaries
+    monkeypatch.setattr(ogbench_module, "_BLOCK_ROWS", 97)  # many blocks, odd boundaries
     ds = OGBench(ID, tmp_path / "home", file=file, backend=backend, progress=False)
     assert len(ds) == 1000
     check_rows(ds, arrays)
@@ -103,7 +102,7 @@ def test_blocks_of_one_row_and_of_the_whole_file(tmp_path: Path, monkeypatch) ->
     file = tmp_path / "data.npz"
     arrays = write_ogbench_file(file, n=150)
     for rows in (1, 150, 10_000):
-        monkeypatch.setattr(convert_module, "_BLOCK_ROWS", rows)
+        monkeypatch.setattr(ogbench_module, "_BLOCK_ROWS", rows)
         ds = OGBench(ID, tmp_path / f"home-{rows}", file=file, progress=False)
         check_rows(ds, arrays)
         ds.close()
@@ -263,20 +262,20 @@ def test_a_foreign_file_is_refused_and_not_cached(
 
 
 def test_a_failed_conversion_leaves_no_entry(mirror: dict[str, Any], monkeypatch) -> None:
-    original = convert_module._blocks
+    original = ogbench_module._blocks
 
     def failing(*args: Any, **kwargs: Any) -> Iterator[Any]:
         blocks = original(*args, **kwargs)
         yield next(blocks)
         raise RuntimeError("injected failure")
 
-    monkeypatch.setattr(convert_module, "_BLOCK_ROWS", 100)
-    monkeypatch.setattr(convert_module, "_blocks", failing)
+    monkeypatch.setattr(ogbench_module, "_BLOCK_ROWS", 100)
+    monkeypatch.setattr(ogbench_module, "_blocks", failing)
     with pytest.raises(RuntimeError, match="injected"):
         OGBench(ID, progress=False)
     left = sorted(p.relative_to(mirror["home"]).as_posix() for p in mirror["home"].rglob("*"))
     assert left == ["ogbench", "ogbench/downloads", f"ogbench/downloads/{ID}.npz"]
-    monkeypatch.setattr(convert_module, "_blocks", original)
+    monkeypatch.setattr(ogbench_module, "_blocks", original)
     check_rows(OGBench(ID, progress=False), mirror["train"])
     assert mirror["requests"] == [f"/{ID}.npz"]  # the download was kept
 

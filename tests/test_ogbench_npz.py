@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from rbdata.datasets import OGBench
-from rbdata.datasets._npz import NpzArchive
-from rbdata.datasets._ogbench_convert import convert_ogbench
+from rbdata.datasets._build import NpzArchive
+from rbdata.datasets.ogbench import convert_ogbench
 from rbdata.storages import MemmapStorage
 from tests._ogbench_files import reference_rows, write_ogbench_file
 

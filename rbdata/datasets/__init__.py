@@ -29,11 +29,11 @@ from rbdata.datasets._commands import (
     list_command,
     parse_id,
     path_command,
+    sample_command,
+    write_sample,
 )
-from rbdata.datasets._errors import ChecksumError, DownloadError
-from rbdata.datasets._info import info_command
-from rbdata.datasets._remove import remove_command
-from rbdata.datasets._samples import sample_command, write_sample
+from rbdata.datasets._entries import info_command, remove_command
+from rbdata.errors import ChecksumError, DownloadError
 
 if TYPE_CHECKING:  # the datasets import torch: on first use (see __getattr__)
     from rbdata.datasets.atari import AtariDQN

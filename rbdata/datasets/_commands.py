@@ -6,36 +6,50 @@ An ID is ``d4rl/<name>``, ``minari/<dataset_id>``, ``ogbench/<name>`` or
 is the validation split of ``<name>``; ``atari-dqn/Pong/1`` is ``atari-dqn/Pong/1/50``); a bare
 name without ``/`` is a D4RL id. Each ``*_command`` prints its report to stdout, notes to
 stderr, and returns the exit code; errors are raised (``rbdata.cli`` prints them as one line
-with :func:`error_line`). ``info``, ``remove``, ``sample`` and the ``atari-dqn`` rows live in
-``_info``, ``_remove``, ``_samples`` and ``_atari_commands``.
+with :func:`error_line`). ``info`` and ``remove`` live in ``_entries``, the ``atari-dqn`` rows
+and download in :mod:`rbdata.datasets.atari`.
+
+``rbdata datasets sample`` writes an rbdata sample dataset's file, from the installed wheel. The
+sample ids of the D4RL catalog (``datasets/d4rl-samples.tsv``, e.g. ``cartpole-random-v0``) are not
+on the D4RL host: their file is built locally by a recipe shipped in the catalog
+(``datasets/samples/d4rl_sample.py``, from the bundled ``.npz``). :func:`write_sample` runs it; the
+file is then converted like any local copy, with ``D4RL(name, file=PATH)`` or ``rbdata datasets
+download d4rl/<name> --file PATH``.
 """
 
 from __future__ import annotations
 
+import hashlib
+import importlib.util
 import os
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
-from rbdata.datasets._atari_catalog import AtariSource, atari_id
-from rbdata.datasets._atari_commands import atari_rows, open_atari
-from rbdata.datasets._cache import BACKENDS, DATASET_FILE, d4rl_download_path, entry_dir
-from rbdata.datasets._catalog import D4RLEntry, d4rl_catalog, d4rl_entry
-from rbdata.datasets._minari_extra import minari_module, remote_access
-from rbdata.datasets._ogbench_catalog import (
+from rbdata._core.resources import catalog_path
+from rbdata.datasets import atari
+from rbdata.datasets._cache import BACKENDS, DATASET_FILE, check_name, d4rl_download_path, entry_dir
+from rbdata.datasets._catalog import (
+    D4RLEntry,
     OGBenchFile,
+    d4rl_catalog,
+    d4rl_entry,
+    minari_module,
     ogbench_catalog,
     ogbench_download_path,
     ogbench_file,
+    remote_access,
 )
+from rbdata.datasets.atari._catalog import AtariSource, atari_id, atari_rows
 from rbdata.errors import MissingExtraError
 
 __all__ = [
     "DOWNLOADS",
-    "FAMILIES",
     "DatasetRef",
+    "FAMILIES",
     "cached_entries",
     "catalog_entry",
     "converted_backends",
@@ -48,8 +62,12 @@ __all__ = [
     "path_command",
     "pick_backend",
     "print_table",
+    "sample_command",
+    "sample_ids",
     "tree_size",
+    "write_sample",
 ]
+
 
 FAMILIES = ("d4rl", "minari", "ogbench", "atari-dqn")
 DOWNLOADS = "downloads"
@@ -86,8 +104,6 @@ def parse_id(text: str) -> DatasetRef:
         ...
         ValueError: 'D4RL/door/human-v2' is not a dataset ID: ... 'minari/D4RL/door/human-v2' ...
     """
-    from rbdata.datasets._cache import check_name
-
     for family in FAMILIES:
         if text.startswith(family + "/"):
             name = text[len(family) + 1 :]
@@ -355,7 +371,9 @@ def download_command(
             progress=True,
         )
     elif ref.family == "atari-dqn":
-        dataset = open_atari(root, ref.name, backend=backend, url=url, sha256=sha256, file=file)
+        dataset = atari.open_atari(
+            root, ref.name, backend=backend, url=url, sha256=sha256, file=file
+        )
     else:
         if url is not None or sha256 is not None or file is not None:
             raise ValueError(
@@ -396,4 +414,71 @@ def path_command(root: Path, ref: DatasetRef | None, *, backend: str | None) -> 
     if not (path / DATASET_FILE).is_file():
         print(f"rbdata: {ref} is not converted ({backend})", file=sys.stderr)
         return 1
+    return 0
+
+
+_RECIPE = "d4rl_sample.py"
+
+
+def _recipe() -> ModuleType:
+    """The catalog's ``samples/d4rl_sample.py`` recipe, loaded as a module."""
+    path = catalog_path("samples", _RECIPE)
+    spec = importlib.util.spec_from_file_location("_rbdata_sample_recipe", path)
+    if spec is None or spec.loader is None:  # pragma: no cover - a .py file always has one
+        raise ImportError(f"cannot load the sample recipe {path}")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def sample_ids() -> list[str]:
+    """The D4RL ids that are rbdata samples (built locally, not on the D4RL host).
+
+    Examples:
+        >>> sample_ids()
+        ['cartpole-random-v0']
+    """
+    return sorted(name for name, entry in d4rl_catalog().items() if entry.is_sample)
+
+
+def write_sample(name: str, path: str | os.PathLike[str]) -> Path:
+    """Write the D4RL-layout HDF5 file of the sample ``name`` to ``path`` (atomically).
+
+    Args:
+        name: a sample id of the catalog (``cartpole-random-v0``).
+        path: the file to write (its folder is created; an existing file is replaced).
+
+    Returns:
+        ``path``.
+
+    Raises:
+        KeyError: ``name`` is not in the catalog.
+        ValueError: ``name`` is a D4RL id but not a sample, or no recipe builds it.
+    """
+    entry = d4rl_entry(name)
+    if not entry.is_sample:
+        raise ValueError(
+            f"name: {name!r} is a D4RL dataset, not an rbdata sample (samples: "
+            f"{', '.join(sample_ids())}); download it with `rbdata datasets download d4rl/{name}`"
+        )
+    recipe = _recipe()
+    if name != recipe.ID:  # pragma: no cover - one recipe per sample id, checked by the tests
+        raise ValueError(
+            f"name: no recipe builds the sample {name!r} (the recipe builds {recipe.ID!r})"
+        )
+    target = Path(path).expanduser()
+    if target.is_dir():
+        raise IsADirectoryError(f"out: {str(target)!r} is a directory, expected a file path")
+    return Path(recipe.build(target))
+
+
+def sample_command(ref: DatasetRef, out: str | None) -> int:
+    """``rbdata datasets sample``: write the sample's file, print its path and how to convert it."""
+    if ref.family != "d4rl":
+        raise ValueError(f"{ref}: samples are D4RL ids (samples: {', '.join(sample_ids())})")
+    path = write_sample(ref.name, out if out is not None else f"{ref.name}.hdf5").absolute()
+    digest = hashlib.sha256(path.read_bytes()).hexdigest()
+    print(path)
+    print(f"{ref}: {human_size(path.stat().st_size)}, sha256 {digest}")
+    print(f"convert it with: rbdata datasets download {ref} --file {path}")
     return 0

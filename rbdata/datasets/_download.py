@@ -1,14 +1,28 @@
 """Resumable, verified downloads of dataset files over HTTP(S), and checks of local files.
 
-:func:`download` streams a URL into ``<dest>.part`` next to the destination, resumes an
-interrupted transfer with an HTTP ``Range`` request, retries network failures with
-exponential back-off, hashes the bytes while writing them, checks the size and SHA-256 and
-only then renames the part onto ``dest`` (an atomic rename, followed by an fsync of the
-directory). A downloaded part that fails verification is deleted: nothing corrupt is ever left
-at ``dest``. A file that is already at ``dest`` is verified and returned without the network;
-one that fails verification is kept and refused (:class:`ChecksumError`), never deleted.
-:func:`verify_file` checks a local file the same way, and :func:`local_path` reads a
-``file://`` URL. Locking against other processes is the caller's business (:func:`file_lock`).
+:func:`download` streams a URL into ``<dest>.part`` next to the destination, resumes an interrupted
+transfer with an HTTP ``Range`` request, retries network failures with exponential back-off, hashes
+the bytes while writing them, checks the size and SHA-256 and only then renames the part onto
+``dest`` (an atomic rename, followed by an fsync of the directory). A downloaded part that fails
+verification is deleted: nothing corrupt is ever left at ``dest``. A file that is already at
+``dest`` is verified and returned without the network; one that fails verification is kept and
+refused (:class:`ChecksumError`), never deleted. :func:`verify_file` checks a local file the same
+way, and :func:`local_path` reads a ``file://`` URL. Locking against other processes is the
+caller's business (``file_lock`` of the cache).
+
+One HTTP attempt of a download is a (resumed) GET streamed into the part file, hashed:
+:func:`attempt` is the unit :func:`download` retries: it raises :class:`Retry` for failures worth
+another attempt, telling apart those where no connection could be made at all
+(:attr:`Retry.connect`: the name did not resolve, the connection was refused or timed out), which
+:func:`download` retries at most once.
+
+:func:`prepare_entry` builds one cache entry from a source file: local or cached/downloaded,
+verified, converted. The steps every file-based dataset family (D4RL, OGBench) takes to build an
+entry: a local file (``file=``, a ``file://`` URL or mirror) is verified in place; otherwise the
+cache's download is verified or fetched (the family's ``cached_file``); the file is converted into
+the entry's storage, and the entry's metadata records where the bytes came from. A failure leaves
+nothing behind: no entry, no lock file, no empty folder (a partial download with bytes in it stays,
+for the next call to resume).
 """
 
 from __future__ import annotations
@@ -20,27 +34,34 @@ import re
 import time
 import urllib.parse
 import urllib.request
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 import requests
+import urllib3
+from tqdm import tqdm
 
 from rbdata._core.atomic import fsync_dir
-from rbdata.datasets._errors import ChecksumError, DownloadError
-from rbdata.datasets._lock import file_lock
-from rbdata.datasets._transfer import Retry, attempt, hash_file
+from rbdata.datasets._cache import STORAGE_DIR, build_entry, prune_empty_dirs
+from rbdata.errors import ChecksumError, DownloadError
 
 __all__ = [
-    "ChecksumError",
-    "DownloadError",
     "Downloaded",
+    "LOCAL_HINT",
+    "Retry",
+    "attempt",
+    "cannot_connect",
     "download",
-    "file_lock",
+    "hash_file",
+    "hash_stream",
     "local_path",
+    "prepare_entry",
     "resolve_mirror",
     "verify_file",
 ]
+
 
 #: longest sleep between two attempts, in seconds
 _MAX_BACKOFF = 8.0
@@ -188,7 +209,7 @@ def download(
     complete, the part is fsync'ed, checked against ``size`` and ``sha256`` (deleted if either
     differs) and atomically renamed onto ``dest``. A failure leaves no empty part; a part with
     bytes is kept for a later call to resume. Nothing is written outside ``dest.parent``, which
-    is created if needed. The caller holds any inter-process lock (:func:`file_lock`).
+    is created if needed. The caller holds any inter-process lock (``file_lock`` of the cache).
 
     Args:
         url: the HTTP(S) URL to fetch.
@@ -334,3 +355,285 @@ def _fsync_file(path: Path) -> None:
 def _fsync_dir(path: Path) -> None:
     with contextlib.suppress(OSError):  # some file systems cannot fsync a directory
         fsync_dir(path)
+
+
+#: bytes read at a time when hashing a file already on disk
+_HASH_CHUNK = 1 << 20
+_CONTENT_RANGE = re.compile(r"bytes\s+(\d+)-(\d+)/(\d+|\*)")
+_UNSATISFIED_RANGE = re.compile(r"bytes\s+\*/(\d+)")
+#: client errors worth another try: request timeout and rate limiting
+_RETRY_4XX = frozenset({408, 429})
+
+
+class Retry(Exception):
+    """An attempt failed in a way that another attempt may fix.
+
+    Attributes:
+        connect: no connection could be made (name resolution, refused, connect timeout).
+    """
+
+    def __init__(self, message: str, connect: bool = False) -> None:
+        super().__init__(message)
+        self.connect = connect
+
+
+def cannot_connect(err: BaseException) -> BaseException | None:
+    """The error in ``err``'s chain saying no connection was made, else ``None``.
+
+    That is a failed name resolution, a refused connection, an unreachable network or a
+    connect timeout (urllib3's ``NewConnectionError``/``ConnectTimeoutError``, which requests
+    wraps in ``MaxRetryError``), as opposed to a connection dropped mid-body.
+    """
+    seen: set[int] = set()
+    todo: list[BaseException | None] = [err]
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        if isinstance(
+            e,
+            (
+                urllib3.exceptions.NewConnectionError,
+                urllib3.exceptions.ConnectTimeoutError,
+                requests.exceptions.ConnectTimeout,
+                ConnectionRefusedError,
+            ),
+        ):
+            return e
+        reason = getattr(e, "reason", None)
+        todo += [reason if isinstance(reason, BaseException) else None, e.__cause__, e.__context__]
+        todo += [a for a in e.args if isinstance(a, BaseException)]
+    return None
+
+
+def attempt(
+    session: requests.Session,
+    url: str,
+    part: Path,
+    name: str,
+    size: int | None,
+    timeout: float,
+    chunk_bytes: int,
+    bar: Any,
+    progress: bool,
+) -> tuple[Any, str]:
+    """One GET, resuming ``part``; return the progress bar and the hex digest of the part.
+
+    Raises :class:`Retry` (with the cause chained) for failures worth another attempt.
+    """
+    offset = part.stat().st_size if part.exists() else 0
+    if size is not None and offset > size:  # cannot be a prefix of the file: start over
+        part.unlink()
+        offset = 0
+    try:
+        with _get(session, url, offset, timeout) as response:
+            status = response.status_code
+            if status == 416 and offset and _range_is_complete(response, offset, size):
+                hasher = hashlib.sha256()
+                hash_file(part, hasher)
+                return bar, hasher.hexdigest()
+            if status == 416 and offset:  # the part does not fit the file: start over
+                part.unlink()
+                raise Retry(f"server rejected the range of a {offset}-byte part (HTTP 416)")
+            _check_status(response, url, name)
+            encoded = _is_encoded(response)
+            if status == 206:
+                start, total = _parse_content_range(response.headers.get("Content-Range"))
+                if start != offset or encoded:  # unusable: start over
+                    part.unlink()
+                    raise Retry(
+                        f"server resumed at byte {start} of a compressed body"
+                        if encoded
+                        else f"server resumed at byte {start}, not {offset} as asked"
+                    )
+            else:  # 200: the whole file, whether or not a range was asked for
+                offset, total = 0, None
+            length = _content_length(response)
+            if total is None and length is not None:
+                total = offset + length
+            bar = _progress_bar(bar, name, size if size is not None else total, offset, progress)
+
+            hasher = hashlib.sha256()
+            received = 0
+            with open(part, "r+b" if offset else "wb") as file:
+                if offset:  # append to the part, hashing what it already holds
+                    hash_stream(file, hasher, offset)
+                    file.seek(offset)
+                    file.truncate()
+                # urllib3 itself, not iter_content: with decoding on, it drops the bytes it
+                # has buffered when the connection breaks, and resuming would lose them
+                for chunk in response.raw.stream(chunk_bytes, decode_content=encoded):
+                    file.write(chunk)
+                    hasher.update(chunk)
+                    received += len(chunk)
+                    bar.update(len(chunk))
+                    if size is not None and offset + received > size:
+                        break
+            if size is not None and offset + received > size:
+                part.unlink()
+                raise ChecksumError(
+                    f"dataset {name!r} from {url}: expected {size} bytes, got more than "
+                    f"{size} bytes (at least {offset + received})"
+                )
+            if length is not None and received < length and not encoded:
+                raise Retry(f"connection closed after {received} of {length} body bytes")
+            return bar, hasher.hexdigest()
+    except (
+        requests.exceptions.ConnectionError,
+        requests.exceptions.Timeout,
+        requests.exceptions.ChunkedEncodingError,
+        requests.exceptions.ContentDecodingError,
+        urllib3.exceptions.HTTPError,
+        ConnectionError,
+        TimeoutError,
+    ) as err:
+        reason = cannot_connect(err)
+        raise Retry(str(reason or err), connect=reason is not None) from err
+    except requests.exceptions.RequestException as err:  # invalid URL, too many redirects...
+        raise DownloadError(f"could not download dataset {name!r} from {url}: {err}") from err
+
+
+def _get(session: requests.Session, url: str, offset: int, timeout: float) -> requests.Response:
+    headers = {"Accept-Encoding": "identity"}  # byte offsets must be offsets in the file
+    if offset:
+        headers["Range"] = f"bytes={offset}-"
+    return session.get(url, headers=headers, stream=True, timeout=timeout)
+
+
+def _check_status(response: requests.Response, url: str, name: str) -> None:
+    status = response.status_code
+    if status in (200, 206):
+        return
+    what = f"HTTP {status} {response.reason or ''}".rstrip()
+    if status >= 500 or status in _RETRY_4XX:
+        raise Retry(what)
+    if status == 404:
+        raise DownloadError(f"dataset {name!r}: file not found at {url} ({what})")
+    raise DownloadError(f"could not download dataset {name!r} from {url}: {what}")
+
+
+def _is_encoded(response: requests.Response) -> bool:
+    """Whether the body is compressed (despite ``Accept-Encoding: identity``)."""
+    return response.headers.get("Content-Encoding", "identity").strip().lower() not in (
+        "",
+        "identity",
+    )
+
+
+def _range_is_complete(response: requests.Response, offset: int, size: int | None) -> bool:
+    """Whether a 416 answer to ``Range: bytes=<offset>-`` means the part is already whole."""
+    if size is not None:
+        return offset == size
+    match = _UNSATISFIED_RANGE.fullmatch(response.headers.get("Content-Range", "").strip())
+    return match is not None and int(match.group(1)) == offset
+
+
+def _parse_content_range(value: str | None) -> tuple[int, int | None]:
+    """Return the first byte and the total length (``None`` if ``*``) of a Content-Range."""
+    match = _CONTENT_RANGE.fullmatch((value or "").strip())
+    if match is None:
+        raise Retry(f"partial content with a malformed Content-Range {value!r}")
+    total = match.group(3)
+    return int(match.group(1)), None if total == "*" else int(total)
+
+
+def _content_length(response: requests.Response) -> int | None:
+    value = response.headers.get("Content-Length")
+    try:
+        return int(value) if value is not None else None
+    except ValueError:
+        return None
+
+
+def _progress_bar(bar: Any, name: str, total: int | None, initial: int, progress: bool) -> Any:
+    """Create the bar on the first attempt; rewind it to ``initial`` on later ones."""
+    if bar is None:
+        return tqdm(
+            total=total,
+            initial=initial,
+            unit="B",
+            unit_scale=True,
+            unit_divisor=1024,
+            desc=name,
+            disable=not progress,
+        )
+    bar.reset(total=total)
+    bar.update(initial)
+    return bar
+
+
+def hash_stream(file: BinaryIO, hasher: Any, limit: int | None = None) -> None:
+    """Feed ``hasher`` the rest of ``file``, or its next ``limit`` bytes at most."""
+    left = limit
+    while left is None or left > 0:
+        block = file.read(_HASH_CHUNK if left is None else min(left, _HASH_CHUNK))
+        if not block:
+            return
+        hasher.update(block)
+        if left is not None:
+            left -= len(block)
+
+
+def hash_file(path: Path, hasher: Any) -> None:
+    with open(path, "rb") as file:
+        hash_stream(file, hasher)
+
+
+#: what a refused local file's message advises
+LOCAL_HINT = "the file is left as it is; pass sha256= (--sha256) with its digest to use it anyway"
+
+
+def prepare_entry(
+    target: Path,
+    base: Path,
+    cached: Path,
+    *,
+    name: str,
+    local: tuple[Path, str] | None,
+    cached_file: Callable[[], tuple[Downloaded, dict[str, Any]]],
+    convert: Callable[[Path, Path], dict[str, Any]],
+    fields: tuple[dict[str, Any], dict[str, Any]],
+    sha256: str | None,
+    size: int | None,
+) -> None:
+    """Build the entry ``target`` (below the cache ``base``) from the family's source file.
+
+    Args:
+        target: the entry's folder.
+        base: the cache root (empty folders are pruned up to it on failure).
+        cached: where the family keeps its download of the file.
+        name: the dataset id, for messages.
+        local: ``(path, url)`` of a local file to use instead of the cache, or ``None``.
+        cached_file: verifies (or fetches) ``cached``; returns it and where it came from
+            (``{"url": ...}``, possibly empty).
+        convert: ``convert(source_file, storage_dir)`` writes the storage; returns metadata.
+        fields: metadata entries before the conversion's and after the source's.
+        sha256: the expected digest (``None``: unknown, recorded as computed).
+        size: the expected size in bytes (``None``: unknown).
+    """
+
+    def build(tmp: Path) -> dict[str, Any]:
+        if local is not None:
+            path, href = local
+            got = verify_file(path, name=name, sha256=sha256, size=size, hint=LOCAL_HINT)
+            where: dict[str, Any] = {"url": href, "path": str(path)}
+        else:
+            got, where = cached_file()
+            where = {**where, "file": got.path.relative_to(base).as_posix()}
+        info = convert(got.path, tmp / STORAGE_DIR)
+        head, tail = fields
+        source = {
+            **where,
+            "size": got.size,
+            "sha256": got.sha256,
+            "sha256_verified": sha256 is not None,
+        }
+        return {**head, **info, "source": source, **tail}
+
+    try:
+        build_entry(target, build)
+    except BaseException:
+        prune_empty_dirs(target.parent, base)
+        prune_empty_dirs(cached.parent, base)
+        raise

@@ -1,4 +1,4 @@
-"""The DQN Replay Dataset catalog: games, runs, checkpoints, file names and URLs.
+"""The DQN Replay Dataset catalog (games, runs, checkpoints, files, URLs) and its ``list`` rows.
 
 The data lives in the top-level ``datasets/atari-dqn.tsv`` (shipped in the wheel, located
 through :func:`rbdata._core.resources.catalog_path`); its provenance is in ``datasets/README.md``.
@@ -12,8 +12,10 @@ by Dopamine's ``OutOfGraphReplayBuffer._generate_filename`` as ``<name>_ckpt.<N>
 
 An entry of the cache is one game, one run and a set of checkpoints, named
 ``<Game>/<run>/<checkpoints>``: the checkpoints in increasing order, runs of consecutive ones
-written ``a-b``, the others joined by ``+`` (``50``, ``40-50``, ``1+5+7-9``). On the command
-line ``atari-dqn/<Game>/<run>`` is checkpoint 50.
+written ``a-b``, the others joined by ``+`` (``50``, ``40-50``, ``1+5+7-9``:
+:func:`checkpoint_spec`). On the command line an id is ``atari-dqn/<Game>/<run>`` (checkpoint 50)
+or ``atari-dqn/<Game>/<run>/<checkpoints>``, so ``atari-dqn/Pong/1`` is the entry ``Pong/1/50``.
+:func:`atari_rows` (``rbdata datasets list``) reads the catalog and the cache's folders only.
 
 This module imports neither torch nor numpy: ``rbdata datasets list`` reads it alone.
 """
@@ -23,6 +25,7 @@ from __future__ import annotations
 import csv
 import difflib
 import functools
+import os
 import urllib.parse
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -33,26 +36,28 @@ from rbdata._core.resources import catalog_path
 
 __all__ = [
     "ATARI_DQN_PREFIX",
+    "AtariGame",
+    "AtariSource",
     "BACKEND",
     "DEFAULT_CHECKPOINTS",
     "FAMILY",
     "ROLES",
-    "AtariGame",
-    "AtariSource",
     "atari_catalog",
     "atari_download_path",
     "atari_game",
     "atari_id",
+    "atari_rows",
     "atari_source",
     "checkpoint_spec",
     "parse_checkpoints",
 ]
 
+
 #: The URL prefix of every file (the public bucket ``gs://atari-replay-datasets/dqn/``);
 #: ``RBDATA_ATARI_DQN_MIRROR`` replaces it.
 ATARI_DQN_PREFIX = "https://storage.googleapis.com/atari-replay-datasets/dqn/"
 FAMILY = "atari-dqn"
-#: the backend of every entry: the kind of storage ``_atari_convert.new_storage`` writes
+#: the backend of every entry: the kind of storage ``_convert.new_storage`` writes
 BACKEND = "frames"
 #: What ``AtariDQN(game, run)`` and the id ``atari-dqn/<Game>/<run>`` read.
 DEFAULT_CHECKPOINTS = (50,)
@@ -301,3 +306,47 @@ def atari_download_path(root: Path, source: AtariSource, name: str) -> Path:
         '/c/atari-dqn/downloads/Pong/1/replay_logs/add_count_ckpt.50.gz'
     """
     return root / FAMILY / "downloads" / source.game / str(source.run) / "replay_logs" / name
+
+
+def _downloaded(folder: Path) -> list[int]:
+    """The checkpoints whose six files are all in ``folder``."""
+    try:
+        names = set(os.listdir(folder))
+    except OSError:
+        return []
+    found: dict[int, int] = {}
+    for name in names:
+        head, sep, tail = name.partition("_ckpt.")
+        if sep and head in ROLES.values() and tail.endswith(".gz") and tail[:-3].isdigit():
+            found[int(tail[:-3])] = found.get(int(tail[:-3]), 0) + 1
+    return sorted(k for k, n in found.items() if n == len(ROLES))
+
+
+def atari_rows(
+    root: Path, cached: dict[str, list[str]], downloaded: bool
+) -> list[tuple[str, str, str, str]]:
+    """The ``list`` rows: one per game and run (``ID SIZE FILES CONVERTED``).
+
+    ``FILES`` counts the checkpoints whose files are all downloaded; ``CONVERTED`` names the
+    checkpoint sets converted (``cached``: the family's entries, name -> backends).
+
+    Examples:
+        >>> rows = atari_rows(Path("/nonexistent"), {"Pong/1/50": ["memmap"]}, False)
+        >>> len(rows), rows[0][0], [r for r in rows if r[0] == "atari-dqn/Pong/1"]
+        (300, 'atari-dqn/AirRaid/1', [('atari-dqn/Pong/1', '?', 'remote', '50')])
+    """
+    converted: dict[str, list[str]] = {}
+    for name in cached:
+        game_run, _, spec = name.rpartition("/")
+        converted.setdefault(game_run, []).append(spec)
+    rows = []
+    for game in atari_catalog().values():
+        for run in game.runs:
+            folder = atari_download_path(root, atari_source(game.game, run), "x").parent
+            files = _downloaded(folder) if folder.is_dir() else []
+            specs = converted.get(f"{game.game}/{run}", [])
+            if downloaded and not (files or specs):
+                continue
+            where = f"{len(files)} ckpt{'s' if len(files) != 1 else ''}" if files else "remote"
+            rows.append((f"atari-dqn/{game.game}/{run}", "?", where, ",".join(specs) or "-"))
+    return rows
