@@ -9,7 +9,7 @@ from rbdata.storages._describe import (
     storage_kinds,
 )
 from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.base import Codec, Prepared, Storage, WriteTarget
+from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
 from rbdata.storages.convert import convert
 from rbdata.storages.frames import FrameStackStorage
 from rbdata.storages.list import ListStorage
@@ -25,6 +25,7 @@ __all__ = [
     "ListStorage",
     "MemmapStorage",
     "Prepared",
+    "SavedStorage",
     "Storage",
     "StorageInfo",
     "TensorStorage",

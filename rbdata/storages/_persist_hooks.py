@@ -119,9 +119,10 @@ class PersistenceHooks:
     def restore(cls, saved: SavedStorage) -> Storage:
         """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned a plan).
 
-        ``saved`` (:class:`SavedStorage`) holds the directory, the saved config and state,
-        the codec and tensors to decode the state with, and :meth:`check_dump`'s plan. The
-        new storage never writes into the directory: it maps it copy-on-write or copies it.
+        ``saved`` (:class:`~rbdata.storages.SavedStorage`) holds the directory, the saved
+        config and state, the codec and tensors to decode the state with, and
+        :meth:`check_dump`'s plan. The new storage never writes into the directory: it maps it
+        copy-on-write or copies it.
 
         Raises:
             rbdata.errors.CheckpointError: if the data contradicts the metadata.

@@ -476,7 +476,8 @@ class FrameStackStorage(Storage):
         """Hold what ``src`` holds: frames slot for slot and the steps (same stack and codec).
 
         The steps are emptied first, so a kill leaves this storage empty or a whole copy.
-        Another storage (or another codec) is copied row by row through :meth:`set`.
+        Another storage (or another codec) is copied row by row through
+        :meth:`~rbdata.storages.Storage.set`.
         """
         self._check_writable()
         ignore = {"device": ""}
