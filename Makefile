@@ -29,10 +29,18 @@ typecheck: venv
 # The numba kernels once more with numba's bounds checking on: an index a kernel could use out
 # of bounds raises IndexError here instead of reading or writing past a buffer. The on-disk
 # kernel cache ignores the flag, so this run compiles into a cache directory of its own.
-KERNEL_TESTS := tests/test_sumtree.py tests/test_prioritized.py tests/test_slice.py \
-	tests/test_prioritized_checks.py tests/test_samplers_bounds.py tests/test_arrow.py \
-	tests/test_memmap_packed.py tests/test_add_fast.py tests/test_episode_index.py \
-	tests/test_hindsight.py tests/test_mixed_rows.py
+KERNEL_TESTS := \
+	tests/samplers/test_sumtree.py \
+	tests/samplers/test_prioritized.py \
+	tests/samplers/test_slice.py \
+	tests/samplers/test_prioritized_checks.py \
+	tests/samplers/test_samplers_bounds.py \
+	tests/storages/arrow/test_arrow.py \
+	tests/storages/memmap/test_memmap_packed.py \
+	tests/storages/test_add_fast.py \
+	tests/transforms/test_episode_index.py \
+	tests/transforms/test_hindsight.py \
+	tests/mixed/test_mixed_rows.py
 
 boundscheck: venv
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(VENV)/numba-boundscheck $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)

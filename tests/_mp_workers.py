@@ -1,4 +1,4 @@
-"""Worker functions for ``tests/test_multiprocess.py`` (importable: spawn children need them)."""
+"""Worker functions for ``tests/storages/test_multiprocess.py`` (spawn children import them)."""
 
 from __future__ import annotations
 

@@ -5,10 +5,23 @@ from __future__ import annotations
 import gc
 import os
 import socket
+import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
+
+# the shared helpers (``storage_contract``, ``_paths``, the data builders) live here; the test
+# files, in subfolders that mirror the package, import them by name
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from _paths import TEST_PATHS
+
+sys.path[:0] = [p for p in TEST_PATHS if p not in sys.path]
+# ... and in every child process a test starts (they import test modules by name too)
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [*TEST_PATHS, *filter(None, [os.environ.get("PYTHONPATH")])]
+)
 
 # Without a GPU, Triton kernels run in Triton's CPU interpreter (read when the kernels are
 # defined, so before any test imports them): the fused tree kernels are tested that way.

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from contracts import same_state, snapshot, transitions
+from storage_contract import same_state, snapshot, transitions
 
 from rbdata import ReplayBuffer
 from rbdata.errors import EmptyBufferError

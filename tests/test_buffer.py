@@ -7,7 +7,7 @@ import itertools
 import numpy as np
 import pytest
 import torch
-from contracts import assert_rows_are, transitions
+from storage_contract import assert_rows_are, transitions
 from torch.utils.data import DataLoader
 
 from rbdata import (

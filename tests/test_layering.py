@@ -494,36 +494,9 @@ def import_cycles(graph: dict[str, set[str]]) -> list[list[str]]:
     return cycles
 
 
-#: cycles still to break, each with the way out (they may shrink, never grow or multiply)
-_KNOWN_CYCLES: list[set[str]] = [
-    # TensorStorage is saved as a MemmapStorage directory and restored by mapping one: its
-    # persistence imports the memmap package (a base importing its subclass). The way out:
-    # the directory format in a module both import, restore mapping the files without
-    # MemmapStorage.
-    {
-        "rbdata.storages._describe",
-        "rbdata.storages._persist",
-        "rbdata.storages._persist_hooks",
-        "rbdata.storages.arrow",
-        "rbdata.storages.arrow._journal",
-        "rbdata.storages.arrow._persist",
-        "rbdata.storages.arrow.storage",
-        "rbdata.storages.base",
-        "rbdata.storages.convert",
-        "rbdata.storages.memmap",
-        "rbdata.storages.memmap._directory",
-        "rbdata.storages.memmap._persist",
-        "rbdata.storages.memmap._writepath",
-        "rbdata.storages.memmap.storage",
-        "rbdata.storages.tensor",
-    },
-]
-
-
 def test_no_import_cycles() -> None:
     cycles = import_cycles(import_graph())
-    new = [c for c in cycles if not any(set(c) <= known for known in _KNOWN_CYCLES)]
-    assert not new, f"import cycles (TYPE_CHECKING and function-level imports count): {new}"
+    assert not cycles, f"import cycles (TYPE_CHECKING and function-level imports count): {cycles}"
 
 
 def test_import_cycles_are_found(tmp_path: Path) -> None:

@@ -6,7 +6,7 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from contracts import transitions
+from storage_contract import transitions
 from test_slice import episodes
 from torchdata.stateful_dataloader import StatefulDataLoader
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 import torch
-from contracts import same_state, snapshot
+from storage_contract import same_state, snapshot
 from tensordict import TensorDict
 
 from rbdata.errors import ReadOnlyError

@@ -1,15 +1,18 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
 from rbdata.storages._collate import wrap_for_collate
-from rbdata.storages._describe import (
-    KeyInfo,
-    StorageInfo,
+from rbdata.storages._describe import KeyInfo, StorageInfo
+from rbdata.storages.arrow import ArrowStorage
+from rbdata.storages.base import (
+    Codec,
+    Prepared,
+    SavedStorage,
+    Storage,
+    WriteTarget,
     register_kind,
     storage_kind,
     storage_kinds,
 )
-from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
 from rbdata.storages.convert import convert
 from rbdata.storages.frames import FrameStackStorage
 from rbdata.storages.list import ListStorage

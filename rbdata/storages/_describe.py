@@ -11,29 +11,19 @@ from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import Any
 
 from rbdata._core.layout import TENSOR, Layout
-
-if TYPE_CHECKING:
-    from rbdata.storages.base import Storage
 
 __all__ = [
     "REPLAY_NOTE",
     "KeyInfo",
     "StorageInfo",
     "key_infos",
-    "register_kind",
     "regular_size",
-    "storage_kind",
-    "storage_kinds",
 ]
-
-_S = TypeVar("_S", bound="type[Storage]")
-_KINDS: dict[str, type[Storage]] = {}
 
 
 @dataclass(frozen=True)
@@ -66,34 +56,6 @@ def key_infos(layout: Layout | None) -> tuple[KeyInfo, ...]:
         KeyInfo(leaf.key, leaf.shape, str(leaf.dtype).removeprefix("torch."), leaf.kind)
         for leaf in layout.leaves
     )
-
-
-def register_kind(cls: _S) -> _S:
-    """Register a storage class under its ``kind`` (a class decorator; inside storages)."""
-    kind = cls.kind
-    if kind is None or cls.marker_file is None:
-        raise TypeError(f"{cls.__name__} names no kind and marker file")
-    _KINDS[kind] = cls
-    return cls
-
-
-def storage_kinds() -> dict[str, type[Storage]]:
-    """The registered kinds: kind name to storage class (``"memmap"``, ``"arrow"``)."""
-    return dict(_KINDS)
-
-
-def storage_kind(kind: str | None = None, names: Collection[str] = ()) -> type[Storage] | None:
-    """The class registered as ``kind``, or else the first whose marker file is in ``names``.
-
-    ``names`` are the entries of a directory (nothing is read or followed). ``None`` if no
-    registered class matches.
-    """
-    if kind is not None:
-        return _KINDS.get(kind)
-    for cls in _KINDS.values():
-        if cls.marker_file in names:
-            return cls
-    return None
 
 
 #: how ``describe`` notes writes left in a journal

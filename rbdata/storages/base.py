@@ -11,18 +11,20 @@ A storage also owns its persistence: :meth:`Storage.dump`, :meth:`Storage.check_
 :meth:`Storage.copy_from` and :meth:`Storage.describe` are what checkpoints, ``rbdata
 inspect`` and :func:`~rbdata.storages.convert` call (with :meth:`Storage.empty_like`,
 :meth:`Storage.check_layout` and :attr:`Storage.block_rows`); they never look inside a
-storage. The defaults refuse, naming the class; all but ``copy_from`` live in
-``_persist_hooks.py`` (``Storage``'s private base). Where a write goes is a
+storage. The defaults refuse, naming the class. Where a write goes is a
 :class:`WriteTarget` (``_target.py``), resolved once per write.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from abc import abstractmethod
-from collections.abc import Sequence
-from typing import Any, ClassVar, final
+from collections.abc import Collection, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, TypeVar, final
 
 import torch
 from torch.utils.data import Dataset
@@ -34,22 +36,60 @@ from rbdata._core.index import (
     check_capacity,
     normalize_int,
 )
-from rbdata._core.layout import Layout
+from rbdata._core.layout import RAGGED, STRING, TENSOR, Layout
 from rbdata._core.layout.keys import is_structured
 from rbdata._core.layout.values import EMPTY_BATCH, stack_items
+from rbdata.errors import CheckpointError
 from rbdata.storages._codec import Codec
 from rbdata.storages._collate import wrap_for_collate
-from rbdata.storages._persist_hooks import PersistenceHooks, SavedStorage
+from rbdata.storages._describe import StorageInfo
 from rbdata.storages._prepared import Prepared
 from rbdata.storages._target import WriteTarget
 
-__all__ = ["Codec", "Prepared", "SavedStorage", "Storage", "WriteIndex", "WriteTarget"]
+__all__ = [
+    "Codec",
+    "Prepared",
+    "SavedStorage",
+    "Storage",
+    "WriteIndex",
+    "WriteTarget",
+    "copy_rows",
+    "register_kind",
+    "storage_kind",
+    "storage_kinds",
+]
 
 #: Where a write goes: one slot, contiguous runs (a list of step-1 slices), or any indices.
 WriteIndex = int | slice | list[slice] | Sequence[int] | torch.Tensor
 
 
-class Storage(PersistenceHooks, Dataset[Any]):
+@dataclass(frozen=True)
+class SavedStorage:
+    """What :meth:`~rbdata.storages.Storage.restore` rebuilds a storage from.
+
+    One value instead of six arguments, so a storage class reads what it needs and the
+    contract can grow without touching every implementation.
+
+    Attributes:
+        directory: the files :meth:`~rbdata.storages.Storage.dump` wrote (never written
+            to: a restored storage maps them copy-on-write or copies them).
+        config: the saved constructor arguments (``storage.config()``).
+        state: the JSON state :meth:`~rbdata.storages.Storage.dump` returned.
+        codec: decodes the values of ``state`` that are not JSON.
+        tensors: the checkpoint's tensors, which ``codec`` decodes from.
+        plan: what :meth:`~rbdata.storages.Storage.check_dump` returned (it ran first): a
+            tuple whose first item is the capacity.
+    """
+
+    directory: Path
+    config: dict[str, Any]
+    state: Any
+    codec: Codec
+    tensors: list[torch.Tensor]
+    plan: Any
+
+
+class Storage(Dataset[Any]):
     """Base class of all storages: a fixed-capacity, map-style dataset of items.
 
     Args:
@@ -259,8 +299,6 @@ class Storage(PersistenceHooks, Dataset[Any]):
         The default copies the rows through :meth:`set`, :attr:`block_rows` of ``src`` at a
         time (65536 if it has no preference).
         """
-        from rbdata.storages.convert import copy_rows
-
         n = len(src)
         self.clear()
         copy_rows(src, self, n, src.block_rows or 1 << 16)
@@ -404,3 +442,209 @@ class Storage(PersistenceHooks, Dataset[Any]):
         TensorDict batches carry as entries; other batches ignore it. The caller has checked
         ``idx`` against ``len``.
         """
+
+    # --- persistence hooks (for implementers): checkpoints, state dicts, ``rbdata inspect`` --
+    # Each storage class owns how it is saved and read back; rbdata.checkpoint, ``rbdata
+    # inspect`` and the converters call these hooks and never look inside a storage. The
+    # defaults refuse: a storage class is checkpointable once it implements them.
+
+    #: The name of this class's on-disk directory format (``rbdata inspect``, dataset
+    #: entries), for classes that own one; ``None`` otherwise.
+    kind: ClassVar[str | None] = None
+    #: The metadata file that marks a directory of :attr:`kind` (``None``: no format).
+    marker_file: ClassVar[str | None] = None
+    #: Whether :meth:`~rbdata.storages.Storage.dump` appends tensors of its own to the
+    #: checkpoint's state tensors (for implementers; a checkpoint writes ``tensors.bin``
+    #: beside the storage only when it does not).
+    dump_adds_tensors: ClassVar[bool] = False
+
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """Save this storage into a checkpoint: files under ``directory``, or a JSON state.
+
+        Args:
+            directory: where the storage's files go (not created yet; a storage that keeps
+                its data in the returned state creates nothing).
+            codec: encodes values that are not JSON (tensors go to ``tensors``).
+            tensors: the checkpoint's tensor list (saved with it).
+            fsync: fsync every file written.
+
+        Returns:
+            The JSON state that :meth:`check_dump` and :meth:`restore` read back, and the
+            checksum entries of the files written (names relative to ``directory``).
+
+        Raises:
+            TypeError: if this class cannot be checkpointed.
+        """
+        raise self._not_persisted()
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """Check what :meth:`dump` wrote before anything is allocated, mapped or copied.
+
+        Every count, size and file name is checked against the metadata and the files
+        present (plain files inside ``directory``, no symlink). ``meta_file`` (the
+        checkpoint's metadata file) starts the messages about fields of ``config`` and
+        ``state``.
+
+        Returns:
+            A plan for :meth:`restore`: a tuple whose first item is the capacity.
+
+        Raises:
+            rbdata.errors.CheckpointError: naming the file and the field that is wrong.
+        """
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    @classmethod
+    def restore(cls, saved: SavedStorage) -> Storage:
+        """Rebuild a storage saved by :meth:`dump` (after :meth:`check_dump` returned a plan).
+
+        ``saved`` (:class:`~rbdata.storages.SavedStorage`) holds the directory, the saved
+        config and state, the codec and tensors to decode the state with, and
+        :meth:`check_dump`'s plan. The new storage never writes into the directory: it maps it
+        copy-on-write or copies it.
+
+        Raises:
+            rbdata.errors.CheckpointError: if the data contradicts the metadata.
+        """
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """This storage as tensors and plain values (``torch.load(weights_only=True)``-able).
+
+        What :meth:`from_state` rebuilds it from (``ReplayBuffer.state_dict``).
+        """
+        raise self._not_persisted()
+
+    @classmethod
+    def from_state(cls, config: dict[str, Any], state: Any, codec: Codec) -> Storage:
+        """Rebuild a storage from :meth:`dump_state` (in memory, or a directory of its own)."""
+        raise CheckpointError(f"no restore rule for storage class {cls.__name__}")
+
+    # --- conversion between on-disk formats (for implementers; see convert) -------------
+    @property
+    def block_rows(self) -> int | None:
+        """The rows a bulk copy should read or write at once (``None``: no preference)."""
+        return None
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse, before anything is created, a layout this class cannot store.
+
+        Raises:
+            TypeError: naming the key and what it holds (the default accepts any layout).
+        """
+
+    @classmethod
+    def empty_like(
+        cls, src: Storage, path: str | os.PathLike[str] | None = None, block_rows: int | None = None
+    ) -> Storage:
+        """A new, empty storage of this class to copy ``src`` into (its capacity, at ``path``).
+
+        Options of ``src`` that this class shares are kept (an Arrow storage's chunk size
+        and ragged keys); ``block_rows``, if given, is the rows per chunk of the new storage.
+
+        Raises:
+            TypeError: if this class cannot be a copy's destination.
+        """
+        raise TypeError(f"{cls.__name__} cannot be made from another storage")
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """What a dumped storage holds, from its metadata only (``rbdata inspect``).
+
+        Data files are never opened or mapped, only their sizes taken; no symlink is
+        followed; nothing is written.
+
+        Args:
+            directory: the storage's directory (a storage directory of :attr:`kind`, or
+                the directory that :meth:`dump` wrote).
+            config: the constructor config saved with a checkpoint, if any.
+            state: the state that :meth:`dump` returned, if any.
+            meta_file: the checkpoint's metadata file, for messages.
+
+        Returns:
+            The summary, and the problems found (missing or mis-sized files) that do not
+            stop the metadata from being read.
+
+        Raises:
+            ValueError: if the metadata itself is unreadable or corrupt (a
+                :class:`~rbdata.errors.CheckpointError` for a checkpoint's).
+        """
+        raise CheckpointError(f"no description rule for storage class {cls.__name__}")
+
+    @final
+    @classmethod
+    def _not_persisted(cls) -> TypeError:
+        return TypeError(
+            f"cannot checkpoint a {cls.__name__}: checkpoints know TensorStorage, "
+            "MemmapStorage, ArrowStorage, ListStorage and FrameStackStorage (and their "
+            "subclasses)"
+        )
+
+
+def _block(layout: Layout, batch: Any) -> Any:
+    """A gathered batch as write input: variable leaves as lists, keys as flat tuples."""
+    if layout.kind == TENSOR:
+        return batch
+    block: dict[tuple[str, ...], Any] = {}
+    for leaf in layout.leaves:
+        value = batch.get(leaf.key)
+        if leaf.kind == RAGGED:  # a jagged nested tensor: one tensor per item
+            value = list(value.unbind())
+        elif leaf.kind == STRING:  # a NonTensorStack of str
+            value = list(value.tolist())
+        block[leaf.key] = value
+    return block
+
+
+def copy_rows(src: Storage, dst: Storage, length: int, rows: int) -> None:
+    """Write slots ``[0, length)`` of ``src`` to the same slots of ``dst``, ``rows`` at a time."""
+    layout = src.layout
+    if layout is None:
+        return
+    for start in range(0, length, rows):
+        stop = min(start + rows, length)
+        batch = src.__getitems__(torch.arange(start, stop))
+        dst.set(slice(start, stop), _block(layout, batch))
+
+
+_S = TypeVar("_S", bound="type[Storage]")
+_KINDS: dict[str, type[Storage]] = {}
+
+
+def register_kind(cls: _S) -> _S:
+    """Register a storage class under its ``kind`` (a class decorator; inside storages)."""
+    kind = cls.kind
+    if kind is None or cls.marker_file is None:
+        raise TypeError(f"{cls.__name__} names no kind and marker file")
+    _KINDS[kind] = cls
+    return cls
+
+
+def storage_kinds() -> dict[str, type[Storage]]:
+    """The registered kinds: kind name to storage class (``"memmap"``, ``"arrow"``)."""
+    return dict(_KINDS)
+
+
+def storage_kind(kind: str | None = None, names: Collection[str] = ()) -> type[Storage] | None:
+    """The class registered as ``kind``, or else the first whose marker file is in ``names``.
+
+    ``names`` are the entries of a directory (nothing is read or followed). ``None`` if no
+    registered class matches.
+    """
+    if kind is not None:
+        return _KINDS.get(kind)
+    for cls in _KINDS.values():
+        if cls.marker_file in names:
+            return cls
+    return None

@@ -15,12 +15,9 @@ import shutil
 from pathlib import Path
 from typing import Any, cast
 
-import torch
-
-from rbdata._core.layout import RAGGED, STRING, TENSOR, Layout
-from rbdata.storages._describe import storage_kind, storage_kinds
+from rbdata._core.layout import Layout
 from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.base import Storage
+from rbdata.storages.base import Storage, copy_rows, storage_kind, storage_kinds
 from rbdata.storages.memmap import MemmapStorage
 from rbdata.storages.tensor import TensorStorage
 
@@ -42,32 +39,6 @@ def _destination_class(dst_kind: Any) -> type[Storage]:
     names = ", ".join(f"{kind!r}" for kind in kinds)
     classes = " or ".join(cls.__name__ for cls in kinds.values())
     raise ValueError(f"dst_kind must be {names}, {classes}, got {dst_kind!r}")
-
-
-def _block(layout: Layout, batch: Any) -> Any:
-    """A gathered batch as write input: variable leaves as lists, keys as flat tuples."""
-    if layout.kind == TENSOR:
-        return batch
-    block: dict[tuple[str, ...], Any] = {}
-    for leaf in layout.leaves:
-        value = batch.get(leaf.key)
-        if leaf.kind == RAGGED:  # a jagged nested tensor: one tensor per item
-            value = list(value.unbind())
-        elif leaf.kind == STRING:  # a NonTensorStack of str
-            value = list(value.tolist())
-        block[leaf.key] = value
-    return block
-
-
-def copy_rows(src: Storage, dst: Storage, length: int, rows: int) -> None:
-    """Write slots ``[0, length)`` of ``src`` to the same slots of ``dst``, ``rows`` at a time."""
-    layout = src.layout
-    if layout is None:
-        return
-    for start in range(0, length, rows):
-        stop = min(start + rows, length)
-        batch = src.__getitems__(torch.arange(start, stop))
-        dst.set(slice(start, stop), _block(layout, batch))
 
 
 def _check_chunk_size(chunk_size: int | None) -> None:

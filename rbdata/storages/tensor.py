@@ -14,7 +14,7 @@ from rbdata._core.layout import STRING, TENSOR, Layout
 from rbdata._core.torchrl_names import TENSOR_KEYWORDS, refuse_data_capacity, torchrl_keywords
 from rbdata.errors import CheckpointError
 from rbdata.storages import _memory
-from rbdata.storages._persist import saved_counts
+from rbdata.storages._persist import check_config, saved_counts
 from rbdata.storages._staging import same_device, to_device
 from rbdata.storages._unpack import ItemUnpacker, numpy_views
 from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
@@ -315,7 +315,10 @@ class TensorStorage(Storage):
         assert layout is not None  # len() > 0 implies a layout
         return layout.assemble([buf[index] for buf in self._tensors()], torch.Size(), self.device)
 
-    # --- persistence: a MemmapStorage directory (rbdata/storages/memmap/_persist.py) --------
+    # --- persistence: a MemmapStorage directory, whole arrays -------------------------------
+    # The format is the memmap package's (``memmap/_persist.py``), imported when used: that
+    # package's storage derives from this class, and the format module never imports it back
+    # (it opens a dumped directory through the registered "memmap" kind).
     def dump(
         self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
     ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
@@ -335,11 +338,19 @@ class TensorStorage(Storage):
 
     @classmethod
     def restore(cls, saved: SavedStorage) -> TensorStorage:
-        """The files mapped copy-on-write; a CUDA storage copies them to its device."""
-        directory, config = saved.directory, saved.config
-        from rbdata.storages.memmap import _persist
+        """The files mapped copy-on-write (lazy); a CUDA storage copies them to its device."""
+        from rbdata.storages.memmap import _persist  # the format; see dump
 
-        return _persist.restore_tensors(cls, directory, config)
+        mapped = _persist.open_dumped(saved.directory)
+        storage = cls(**saved.config)
+        check_config(mapped, {"max_size": storage.capacity})
+        layout = mapped.layout
+        if layout is not None:
+            storage._set_buffers([b.to(storage.device) for b in mapped.buffers], layout)
+            storage._layout = layout
+        storage._length, storage._next = len(mapped), mapped.next_slot
+        check_config(storage, saved.config)
+        return storage
 
     def dump_state(self, codec: Codec) -> dict[str, Any]:
         """The counts, the layout and CPU copies of the filled rows of every leaf."""

@@ -16,7 +16,7 @@ Then one of two paths writes them:
   storage's per-step row write (one numpy slice assignment per leaf, what SB3 itself does;
   through the journal over live slots of a memmap), which keeps the length and next slot.
 
-``tests/test_compat_sb3.py`` checks that both paths leave identical storages.
+``tests/compat/test_compat_sb3.py`` checks that both paths leave identical storages.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ array, the block-min tree beside the sum tree): its dispatching functions (``upd
 ``draw``) call these kernels on CPU tensors, and :class:`~rbdata.samplers._trees.cpu.CpuTrees`
 calls the address entry points (``_nb_set_priorities_at``, ``_nb_draw_at``) on every
 ``update_priority`` and draw. The torch functions of :mod:`~rbdata.samplers._trees.sumtree` and
-:mod:`~rbdata.samplers._trees.torch_ops` are their reference (``tests/test_sumtree.py``).
+:mod:`~rbdata.samplers._trees.torch_ops` are their reference (``tests/samplers/test_sumtree.py``).
 
 A kernel only ever sees indices and buffers its caller has already checked: the slots against
 the tree's leaves, the addresses and lengths against the tensors they come from

@@ -1,8 +1,8 @@
 """Launching the fused Triton tree kernels: the workspace, a draw, an update.
 
-The kernels and how they work: :mod:`rbdata.samplers._trees.triton_kernels`. Tree values and draws
-are those of the numba kernels (``tests/test_triton_tree.py`` checks them bit for bit through
-Triton's CPU interpreter).
+The kernels and how they work: :mod:`rbdata.samplers._trees.triton_kernels`. Tree values and
+draws are those of the numba kernels (``tests/samplers/test_triton_tree.py`` checks them bit for
+bit through Triton's CPU interpreter).
 """
 
 from __future__ import annotations

@@ -65,7 +65,7 @@ The finalizer cannot hold the storage (it would never be collected), so it holds
 storage's attribute dict, which holds everything a flush needs (the chunk cache, the
 journal), and runs the flush on a bare instance that shares that dict. (So no attribute may
 refer back to the storage itself: it would keep the storage alive until exit.
-``tests/test_arrow_dropped.py`` checks that ``del`` flushes.) Nothing is flushed:
+``tests/storages/arrow/test_arrow_dropped.py`` checks that ``del`` flushes.) Nothing is flushed:
 
 - after ``close()`` (it flushed already), or for a temporary directory (``path=None``, and a
   checkpoint's private copy), which is removed instead;

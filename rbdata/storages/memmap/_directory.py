@@ -15,7 +15,7 @@ import re
 import reprlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -33,7 +33,6 @@ from rbdata.errors import CheckpointError
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap._header import bad_field, encode_header
 from rbdata.storages.memmap._rawfile import trailer
-from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "FORMAT",
@@ -47,6 +46,7 @@ __all__ = [
     "layout_meta",
     "read_layout",
     "storage_id",
+    "TensorSource",
     "write_directory",
 ]
 
@@ -238,10 +238,24 @@ def _row_blocks(buf: torch.Tensor, n: int, block_bytes: int = 1 << 26) -> Any:
         yield part.view(torch.uint8).numpy()
 
 
+class TensorSource(Protocol):
+    """What :func:`write_directory` reads: a tensor storage's counts, layout and buffers."""
+
+    @property
+    def capacity(self) -> int: ...
+    @property
+    def next_slot(self) -> int: ...
+    @property
+    def layout(self) -> Layout | None: ...
+    @property
+    def buffers(self) -> list[torch.Tensor]: ...
+    def __len__(self) -> int: ...
+
+
 def write_directory(
-    storage: TensorStorage, path: str | os.PathLike[str], fsync: bool = True
+    storage: TensorSource, path: str | os.PathLike[str], fsync: bool = True
 ) -> None:
-    """Write a :class:`TensorStorage` (CPU, CUDA or memmap) as a new storage directory.
+    """Write a tensor storage (CPU, CUDA or memmap) as a new storage directory.
 
     :meth:`MemmapStorage.open` reads the directory; every file is fsync'ed unless
     ``fsync=False``. Whole arrays are written: the filled rows, then a sparse zero tail up to
@@ -249,7 +263,7 @@ def write_directory(
 
     Examples:
         >>> import tempfile, torch
-        >>> from rbdata.storages import MemmapStorage
+        >>> from rbdata.storages import MemmapStorage, TensorStorage
         >>> src = TensorStorage(8)
         >>> src.set(slice(0, 3), torch.arange(6.0).view(3, 2))
         >>> with tempfile.TemporaryDirectory() as tmp:

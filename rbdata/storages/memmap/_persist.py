@@ -3,8 +3,8 @@
 - :func:`dump_tensors`: one raw file per leaf (the filled rows, then a sparse zero tail), the
   header and ``layout.json``, with the leaves' checksums summed from memory meanwhile;
 - :func:`check_dumped`: the metadata and every file it names, before anything is mapped;
-- :func:`restore_tensors`: the files mapped copy-on-write by a :class:`MemmapStorage` (lazy;
-  writes never reach them), a CUDA storage's copied to its device;
+- :func:`open_dumped`: the files mapped copy-on-write by a :class:`MemmapStorage` (lazy;
+  writes never reach them), for ``TensorStorage.restore``;
 - :func:`describe_dir`: counts, keys and problems of a directory, metadata only.
 """
 
@@ -22,11 +22,13 @@ from rbdata._core.files import inside, open_nofollow
 from rbdata._core.ids import TRAILER_BYTES
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
-from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size
+from rbdata.storages._persist import check_dumped_dir, check_max_size
+from rbdata.storages.base import Storage, storage_kind
 from rbdata.storages.memmap._directory import (
     HEADER_FILE,
     JOURNAL_FILE,
     LAYOUT_FILE,
+    TensorSource,
     check_counts,
     check_meta,
     read_layout,
@@ -34,19 +36,17 @@ from rbdata.storages.memmap._directory import (
     write_directory,
 )
 from rbdata.storages.memmap._header import Header, bad_field
-from rbdata.storages.memmap.storage import MemmapStorage
-from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "check_dumped",
     "describe_dir",
     "dump_tensors",
-    "restore_tensors",
+    "open_dumped",
 ]
 
 
 def dump_tensors(
-    storage: TensorStorage, out: Path, fsync: bool
+    storage: TensorSource, out: Path, fsync: bool
 ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
     """``write_directory``, with the leaves' checksums summed from memory meanwhile."""
     n = len(storage)
@@ -71,7 +71,7 @@ def dump_tensors(
 
 
 def check_dumped(
-    cls: type[TensorStorage], src: Path, config: dict[str, Any], state: Any
+    cls: type[Storage], src: Path, config: dict[str, Any], state: Any
 ) -> tuple[int, list[str]]:
     """Check the metadata and files of a dumped directory; return the capacity."""
     check_dumped_dir(cls, src, state, LAYOUT_FILE)
@@ -105,24 +105,21 @@ def check_dumped(
     return capacity, []
 
 
-def restore_tensors(cls: type[TensorStorage], src: Path, config: dict[str, Any]) -> TensorStorage:
-    """A new ``cls`` over the dumped directory's buffers (mapped, or copied to its device)."""
-    mapped = MemmapStorage.open(src, copy_on_write=True)
+def open_dumped(src: Path) -> Any:
+    """The dumped directory opened copy-on-write (lazy; writes never reach it), counts checked.
+
+    By the registered ``"memmap"`` kind (:class:`~rbdata.storages.MemmapStorage`), found
+    through the kinds registry: this module is the tensor storages' format, which
+    ``TensorStorage`` (the memmap storage's base) uses without importing its subclass.
+    """
+    memmap: Any = storage_kind("memmap")
+    mapped = memmap.open(src, copy_on_write=True)
     try:
         check_counts(mapped, src)
     except CheckpointError:
         mapped.close()
         raise
-    storage = cls(**config)
-    check_config(mapped, {"max_size": storage.capacity})
-    layout = mapped.layout
-    if layout is not None:
-        buffers = [b.to(storage.device) for b in mapped.buffers]
-        storage._set_buffers(buffers, layout)
-        storage._layout = layout
-    storage._length, storage._next = len(mapped), mapped.next_slot
-    check_config(storage, config)
-    return storage
+    return mapped
 
 
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:

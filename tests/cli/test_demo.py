@@ -16,6 +16,7 @@ import h5py
 import numpy as np
 import pytest
 import torch
+from _paths import ROOT_DIR
 
 from rbdata._core.resources import catalog_path
 from rbdata.cli import main
@@ -24,7 +25,7 @@ from rbdata.datasets._catalog import d4rl_entry
 from rbdata.demo import SAMPLE_KEYS, load_sample, run_demo
 from rbdata.demo._mirror import environ, serving
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = ROOT_DIR
 RECIPE = REPO / "datasets" / "samples" / "cartpole_random.py"
 D4RL_RECIPE = REPO / "datasets" / "samples" / "d4rl_sample.py"
 SAMPLE = "cartpole-random-v0"

@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from contracts import transitions
+from storage_contract import transitions
 from torch.utils.data import DataLoader
 
 from rbdata import BatchSampler, MemmapStorage, PrioritizedSampler, ReplayBuffer, TensorStorage

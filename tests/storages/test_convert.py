@@ -13,7 +13,7 @@ from typing import Any
 import pyarrow.dataset
 import pytest
 import torch
-from contracts import assert_rows_are, ring_model, transitions
+from storage_contract import assert_rows_are, ring_model, transitions
 
 from rbdata import ReplayBuffer
 from rbdata.storages import (

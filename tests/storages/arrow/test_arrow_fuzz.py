@@ -22,10 +22,11 @@ from collections import Counter
 from pathlib import Path
 
 import torch
+from _paths import ROOT_DIR
 
 from rbdata.storages import ArrowStorage
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT_DIR
 SEED = 20261124
 # (kind, count): single-byte changes and truncations of chunk files and of the metadata
 PLAN = [("chunk-flip", 230), ("chunk-trunc", 40), ("meta-flip", 30), ("meta-trunc", 20)]

@@ -4,7 +4,7 @@ A small layout's item is packed into the journal's payload by one ``struct`` cal
 by one numba kernel (journal head, commit word, rows, header, count). Checked here against
 independent references: ``zlib.crc32`` for the commit word, the header decoder and
 ``Journal.read`` for what a replay sees, a TensorStorage written through the general path for
-the contents. ``tests/test_memmap_kill.py`` SIGKILLs real writers of such items.
+the contents. ``tests/storages/memmap/test_memmap_kill.py`` SIGKILLs real writers of such items.
 """
 
 from __future__ import annotations

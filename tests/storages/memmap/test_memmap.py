@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 from _child import run_child
-from contracts import assert_rows_are, ring_model, transitions
+from _paths import TEST_PATHS
+from storage_contract import assert_rows_are, ring_model, transitions
 from torch.utils.data import DataLoader
 
 from rbdata import ReplayBuffer
@@ -105,8 +106,8 @@ def test_writes_in_child_process_visible_in_parent(tmp_path: Path) -> None:
     result = run_child(
         f"""
         import pickle, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from contracts import transitions
+        sys.path[:0] = {TEST_PATHS!r}
+        from storage_contract import transitions
         storage = pickle.loads(open({str(blob)!r}, "rb").read())
         storage.set(slice(10, 30), transitions(20, 10))
         """
@@ -123,8 +124,8 @@ def test_extends_that_returned_survive_a_killed_writer(tmp_path: Path) -> None:
     result = run_child(
         f"""
         import os, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
-        from contracts import transitions
+        sys.path[:0] = {TEST_PATHS!r}
+        from storage_contract import transitions
         from rbdata import ReplayBuffer
         from rbdata.storages import MemmapStorage
         rb = ReplayBuffer(MemmapStorage(1000, path={str(path)!r}))

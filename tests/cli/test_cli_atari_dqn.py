@@ -12,12 +12,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _paths import ROOT_DIR
 
 from rbdata.cli import main
 from rbdata.datasets._commands import DatasetRef, parse_id
 from tests._atari_dqn_files import reference, serve_ranges, write_run
 
-PACKAGE = Path(__file__).resolve().parent.parent / "rbdata"
+PACKAGE = ROOT_DIR / "rbdata"
 LOGS = "Breakout/2/replay_logs"
 
 

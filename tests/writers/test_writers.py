@@ -6,7 +6,7 @@ from typing import Any
 
 import pytest
 import torch
-from contracts import snapshot
+from storage_contract import snapshot
 from writer_contract import RefuseModel, TopKModel, WriterContract, ranked, slot_contents
 
 from rbdata.errors import ReadOnlyError

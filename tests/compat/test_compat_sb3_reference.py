@@ -16,16 +16,17 @@ from typing import Any
 
 import numpy as np
 import pytest
+from _paths import ROOT_DIR, TESTS_DIR
 
 gym_spaces = pytest.importorskip("gymnasium.spaces")
 sb3_buffers = pytest.importorskip("stable_baselines3.common.buffers")
 
 from rbdata.compat.sb3 import DictReplayBuffer, ReplayBuffer  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).parent / "sb3_suite"))
+sys.path.insert(0, str(TESTS_DIR / "sb3_suite"))
 from sb3_swap import rebuild_class  # noqa: E402
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = ROOT_DIR
 SPACES = {
     "box": (gym_spaces.Box(-5, 5, (3, 2), np.float32), gym_spaces.Box(-1, 1, (2,), np.float64)),
     "discrete": (gym_spaces.Discrete(7), gym_spaces.Discrete(3)),

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _paths import TESTS_DIR
 from torch.utils.data import DataLoader
 
 from rbdata import ReplayBuffer
@@ -25,7 +26,7 @@ from rbdata.samplers import (
 )
 from rbdata.storages import ArrowStorage, MemmapStorage
 
-sys.path.insert(0, str(Path(__file__).parent))
+sys.path.insert(0, str(TESTS_DIR))
 import _mp_workers as workers
 
 TIMEOUT = 120

@@ -12,6 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _paths import ROOT_DIR
 
 from rbdata.cli import main
 from rbdata.datasets._catalog import ogbench_catalog
@@ -20,7 +21,7 @@ from tests._d4rl_files import serve
 from tests._ogbench_files import expected_episodes, write_ogbench_file
 
 NAME = "cube-single-play-v0"
-PACKAGE = Path(__file__).resolve().parent.parent / "rbdata"
+PACKAGE = ROOT_DIR / "rbdata"
 
 
 @pytest.fixture()

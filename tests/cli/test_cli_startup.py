@@ -11,8 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
+from _paths import ROOT_DIR
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT_DIR
 
 _RUN = """
 import contextlib, io, sys

@@ -23,12 +23,13 @@ import pyarrow.ipc
 import pytest
 import torch
 from _child import run_child
+from _paths import ROOT_DIR
 
 from rbdata import ReplayBuffer
 from rbdata.storages import ArrowStorage
 
 META = "_rbdata.json"
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT_DIR
 
 
 def batch(ids: range) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 import torch
-from contracts import StorageContract, assert_rows_are, transitions
+from storage_contract import StorageContract, assert_rows_are, transitions
 from tensordict import TensorDict
 from torch.utils.data import BatchSampler, DataLoader, default_collate
 from torch.utils.data._utils.collate import default_collate_fn_map

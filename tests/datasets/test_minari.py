@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _paths import ROOT_DIR
 from torch.utils.data import DataLoader
 
 minari = pytest.importorskip("minari")
@@ -412,7 +413,7 @@ def test_the_extras_bring_what_remote_downloads_need() -> None:
     tomllib = pytest.importorskip("tomllib")
     from packaging.requirements import Requirement
 
-    pyproject = Path(__file__).resolve().parents[1] / "pyproject.toml"
+    pyproject = ROOT_DIR / "pyproject.toml"
     extras = tomllib.loads(pyproject.read_text(encoding="utf-8"))["project"][
         "optional-dependencies"
     ]

@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _paths import ROOT_DIR
 from torch.utils.data import DataLoader
 
 from rbdata import PrioritizedSampler, ReadOnlyError, SamplerWithoutReplacement, SliceSampler
@@ -255,7 +256,7 @@ _CHILD = textwrap.dedent(
 
 
 def test_two_processes_download_and_convert_once(mirror: dict[str, Any]) -> None:
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    env = {**os.environ, "PYTHONPATH": str(ROOT_DIR)}
     procs = [
         subprocess.Popen(
             [sys.executable, "-c", _CHILD, ID, mirror["sha256"]],

@@ -18,10 +18,11 @@ from typing import Any
 
 import pytest
 import torch
+from _paths import TEST_PATHS, TESTS_DIR
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(TESTS_DIR))
 from _child import run_child
 
 from rbdata import ArrowStorage, MemmapStorage, ReplayBuffer
@@ -83,7 +84,7 @@ OPEN_ADD_CLOSE = """
 import sys
 from rbdata import MemmapStorage, ReplayBuffer
 from rbdata.errors import StorageInUseError
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_holders import rows
 try:
     storage = MemmapStorage.open({path!r})
@@ -97,7 +98,7 @@ storage.close()
 
 
 def open_add_close(path: Path) -> str:
-    tests = str(Path(__file__).resolve().parent)
+    tests = TEST_PATHS
     result = run_child(OPEN_ADD_CLOSE.format(tests=tests, path=str(path)))
     assert result.returncode == 0, result.stderr[-3000:]
     return result.stdout
@@ -157,7 +158,7 @@ def test_a_second_open_in_the_holding_process_shares_the_first(tmp_path: Path) -
 WRITER = """
 import sys, time
 from rbdata import MemmapStorage, ReplayBuffer
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_holders import rows
 storage = MemmapStorage.open({path!r})
 assert storage.shared, "joined a storage its holder shared"
@@ -181,7 +182,7 @@ def test_dataloader_workers_read_no_torn_row_while_a_process_that_opened_the_pat
     first = next(it)
     assert storage.shared
     result: dict[str, Any] = {}
-    tests = str(Path(__file__).resolve().parent)
+    tests = TEST_PATHS
     code = WRITER.format(tests=tests, path=str(tmp_path / "rb"), seconds=4.0)
     child = threading.Thread(target=lambda: result.update(run=run_child(code)))
     child.start()

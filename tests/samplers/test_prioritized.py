@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
-from contracts import transitions
+from storage_contract import transitions
 from torch.utils.data import DataLoader
 
 from rbdata import BatchSampler, PrioritizedSampler, ReplayBuffer, TensorStorage

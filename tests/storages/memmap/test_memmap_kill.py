@@ -8,7 +8,7 @@ with the two possible rings: batches ``1..k`` (the batch in flight is absent) or
 (it is present). Anything else is a torn batch. Every batch whose extend returned must be there.
 
 Workers are forked from one "zygote" interpreter that imports torch and rbdata once (see
-``tests/test_checkpoint_kill.py``); the test process itself is never forked.
+``tests/checkpoint/test_checkpoint_kill.py``); the test process itself is never forked.
 """
 
 from __future__ import annotations

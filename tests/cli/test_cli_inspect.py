@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from _paths import ROOT_DIR
 from tensordict import TensorDict
 
 from rbdata import (
@@ -35,7 +36,7 @@ from rbdata.errors import CheckpointError
 from rbdata.inspect import inspect_path
 from rbdata.samplers._trees import sumtree as _sumtree
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = ROOT_DIR
 
 
 def transitions(n: int, start: int = 0) -> TensorDict:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import torch
 from _child import run_child
+from _paths import TEST_PATHS
 from tensordict import TensorDict
 
 from rbdata import ReplayBuffer
@@ -221,7 +222,7 @@ def test_open_reads_every_item_it_accepts(tmp_path: Path) -> None:
 # --- 6: the redo journal, deterministically --------------------------------------------------
 KILL_IN = """
 import os, signal, sys, torch
-sys.path.insert(0, {tests!r})
+sys.path[:0] = {tests!r}
 from test_memmap_safety import batch
 from rbdata import ReplayBuffer
 from rbdata.storages import MemmapStorage
@@ -265,7 +266,7 @@ def test_kill_inside_an_overwrite_leaves_the_batch_whole(
         ),
         "before-clear": f"_journal.Journal.clear = lambda self: {kill}",
     }[where]
-    code = KILL_IN.format(tests=str(Path(__file__).parent), root=str(root), patch=patch)
+    code = KILL_IN.format(tests=TEST_PATHS, root=str(root), patch=patch)
     result = run_child(code)
     assert result.returncode == -9, result.stderr
     assert "returned" not in result.stdout
@@ -337,7 +338,7 @@ def test_file_size_limit_is_an_oserror_not_a_crash(tmp_path: Path) -> None:
     result = run_child(
         f"""
         import errno, resource, signal, sys
-        sys.path.insert(0, {str(Path(__file__).parent)!r})
+        sys.path[:0] = {TEST_PATHS!r}
         from test_memmap_safety import batch
         from rbdata.storages import MemmapStorage
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)

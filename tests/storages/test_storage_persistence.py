@@ -1,9 +1,9 @@
 """Each storage owns its persistence: the dump / check_dump / restore / describe hooks.
 
 Checkpoints, ``rbdata inspect`` and ``convert`` only call these hooks (see
-``tests/test_checkpoint.py``, ``tests/test_cli_inspect.py``, ``tests/test_convert.py`` for the
-end-to-end behaviour); here each hook is called directly, for every storage class, and the
-result is compared with what was written.
+``tests/checkpoint/test_checkpoint.py``, ``tests/cli/test_cli_inspect.py``,
+``tests/storages/test_convert.py`` for the end-to-end behaviour); here each hook is called
+directly, for every storage class, and the result is compared with what was written.
 """
 
 from __future__ import annotations

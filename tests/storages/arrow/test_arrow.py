@@ -23,9 +23,9 @@ import pyarrow.dataset as pads
 import pyarrow.ipc
 import pytest
 import torch
-from contracts import ring_model
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from storage_contract import ring_model
 from tensordict import TensorDict
 from torch.utils.data import DataLoader
 

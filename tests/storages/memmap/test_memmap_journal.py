@@ -4,7 +4,8 @@ unreleased 0.1.0 format is a ``ValueError`` naming the journal, and the per-step
 (``add``, small ``extend``) finish such a transaction before writing their own.
 
 The transactions are laid out here through the journal's own API, as a writer killed between
-its commit and its clear leaves them; ``tests/test_memmap_kill.py`` kills real writers.
+its commit and its clear leaves them; ``tests/storages/memmap/test_memmap_kill.py`` kills real
+writers.
 """
 
 from __future__ import annotations
