@@ -66,30 +66,54 @@ def edit_meta(path: Path, **fields: Any) -> None:
 
 
 # --- 2. corrupt files: a ValueError, never a signal ------------------------------------------
-READ_ALL = """
-import sys, torch
+#: reads each directory in turn in one child; a line per directory, before and after its read
+#: (a child killed by a signal names the directory it died on: the last "start" line)
+READ_EACH = """
+import json, torch
 from rbdata.storages import ArrowStorage
-try:
-    s = ArrowStorage.open(sys.argv[1] if len(sys.argv) > 1 else {path!r})
-    s[torch.arange(len(s))]
-    for i in range(len(s)):
-        s[i]
-except ValueError as err:
-    print("ValueError", err)
-else:
-    print("read OK")
+for i, path in enumerate(json.loads({paths!r})):
+    print(i, "start", flush=True)
+    try:
+        s = ArrowStorage.open(path)
+        s[torch.arange(len(s))]
+        for k in range(len(s)):
+            s[k]
+    except ValueError as err:
+        print(i, "ValueError", err, flush=True)
+    else:
+        print(i, "read OK", flush=True)
 """
 
 
-@pytest.mark.parametrize("chunk_size", [-4, 0, "4", 4.0, None, True])
-def test_bad_chunk_size_is_a_clear_error_not_a_crash(tmp_path: Path, chunk_size: Any) -> None:
-    path = tmp_path / "rb"
-    make(path)
-    edit_meta(path, chunk_size=chunk_size)
-    result = run_child(READ_ALL.format(path=str(path)))
-    assert result.returncode == 0, f"crashed ({result.returncode}): {result.stderr[-2000:]}"
-    assert "ValueError" in result.stdout and "'chunk_size'" in result.stdout, result.stdout
-    assert META in result.stdout
+def read_each(paths: list[Path]) -> list[str]:
+    """What reading each of ``paths`` in one child printed (``"ValueError ..."``, ``"read OK"``)."""
+    result = run_child(READ_EACH.format(paths=json.dumps([str(p) for p in paths])))
+    lines = result.stdout.splitlines()
+    started = [line for line in lines if line.endswith(" start")]
+    assert result.returncode == 0, (
+        f"crashed ({result.returncode}) reading {started[-1:]}: {result.stderr[-2000:]}"
+    )
+    found = {}
+    for line in lines:
+        i, _, rest = line.partition(" ")
+        if rest != "start":
+            found[int(i)] = rest
+    return [found.get(i, "no result") for i in range(len(paths))]
+
+
+BAD_CHUNK_SIZES = [-4, 0, "4", 4.0, None, True]
+
+
+def test_bad_chunk_size_is_a_clear_error_not_a_crash(tmp_path: Path) -> None:
+    paths = []
+    for k, chunk_size in enumerate(BAD_CHUNK_SIZES):
+        path = tmp_path / f"rb{k}"
+        make(path)
+        edit_meta(path, chunk_size=chunk_size)
+        paths.append(path)
+    for chunk_size, out in zip(BAD_CHUNK_SIZES, read_each(paths), strict=True):
+        assert out.startswith("ValueError") and "'chunk_size'" in out, (chunk_size, out)
+        assert META in out, (chunk_size, out)
 
 
 def _patch_last_offset(file: Path, column: str, value: int) -> None:
@@ -105,15 +129,16 @@ def _patch_last_offset(file: Path, column: str, value: int) -> None:
         f.write(struct.pack("<i", value))
 
 
-@pytest.mark.parametrize("value", [2**30, -1, 2**31 - 1])
-def test_ragged_offset_out_of_range_is_refused_at_open(tmp_path: Path, value: int) -> None:
-    path = tmp_path / "rb"
-    make(path)
-    _patch_last_offset(path / "chunk-000001.arrow", "boxes", value)
-    result = run_child(READ_ALL.format(path=str(path)))
-    assert result.returncode == 0, f"crashed ({result.returncode}): {result.stderr[-2000:]}"
-    assert result.stdout.startswith("ValueError"), result.stdout
-    assert "chunk-000001.arrow" in result.stdout
+def test_ragged_offset_out_of_range_is_refused_at_open(tmp_path: Path) -> None:
+    values = [2**30, -1, 2**31 - 1]
+    paths = []
+    for k, value in enumerate(values):
+        path = tmp_path / f"rb{k}"
+        make(path)
+        _patch_last_offset(path / "chunk-000001.arrow", "boxes", value)
+        paths.append(path)
+    for value, out in zip(values, read_each(paths), strict=True):
+        assert out.startswith("ValueError") and "chunk-000001.arrow" in out, (value, out)
 
 
 def test_a_chunk_with_more_rows_than_a_chunk_holds_is_refused(tmp_path: Path) -> None:
