@@ -1,7 +1,8 @@
 """The Arrow storage: items as Arrow IPC chunks on disk, memory-mapped for reading.
 
 - :mod:`~rbdata.storages.arrow.storage`: :class:`ArrowStorage`, the map-style dataset, with
-  its lifecycle (opening, replaying the journal, the metadata, flushing a dropped storage);
+  its lifecycle (opening, replaying the journal, the metadata, flushing a dropped storage)
+  and its persistence hooks in its class body;
 - ``_chunks``: :class:`ChunkCache`, the chunks of a storage (open chunks in memory, sealing to
   files, mapped in-place writes) and the batch gather over them (one numba kernel);
 - ``_journal``: :class:`Journal`, the redo journal of a storage being filled (a write's
@@ -11,8 +12,9 @@
 - ``_checks``: the on-disk format (file names) and its checks (of ``open``, and of the
   persistence hooks);
 - ``_writer``: the one writer's hold on a directory;
-- ``_persist``: the persistence hooks (checkpoint dump / restore, ``describe`` for
-  ``rbdata inspect``, conversion).
+- ``_persist``: the dump format behind the persistence hooks, as functions over paths and
+  checkpoint state (the files to copy, a dump's checks, a restore's own directory,
+  ``describe`` for ``rbdata inspect``).
 """
 
 from rbdata.storages.arrow.storage import ArrowStorage

@@ -17,7 +17,7 @@ from __future__ import annotations
 import json
 import math
 import os
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -35,6 +35,7 @@ __all__ = [
     "arrow_type",
     "chunk_file",
     "check_batch",
+    "check_dtypes",
     "check_meta",
     "check_ragged",
     "check_views",
@@ -60,6 +61,16 @@ TORCH_TO_NUMPY = {
     torch.uint8: np.uint8,
     torch.bool: np.bool_,
 }
+
+
+def check_dtypes(leaves: Iterable[Leaf]) -> None:
+    """Refuse the leaves whose dtype Arrow lacks (a ``TypeError`` naming the key)."""
+    for leaf in leaves:
+        if leaf.dtype not in TORCH_TO_NUMPY:
+            raise TypeError(
+                f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
+                f"supported: {', '.join(str(d)[6:] for d in TORCH_TO_NUMPY)}"
+            )
 
 
 def check_ragged(ragged: Any) -> tuple[Key, ...]:

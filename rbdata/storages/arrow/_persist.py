@@ -1,10 +1,19 @@
 """How an :class:`~rbdata.storages.ArrowStorage` is saved: its Arrow IPC files, copied.
 
-:class:`ArrowFiles` holds the persistence hooks of :class:`~rbdata.storages.Storage` for the
-Arrow storage. A dump flushes the storage and copies its metadata and chunk files; a restore
-copies them to a new temporary directory of its own (in-place writes would otherwise change
-the checkpoint), removed when the restored storage is closed or dropped. ``describe`` reads
-``_rbdata.json`` only, checked as :meth:`ArrowStorage.open` checks it; chunk files by size.
+The format behind the storage's persistence hooks (methods of ``ArrowStorage``), as functions
+over paths, the checkpoint's config and state. A dump flushes the storage and copies its
+metadata and chunk files; a restore copies them to a new temporary directory of its own
+(in-place writes would otherwise change the checkpoint), removed when the restored storage is
+closed or dropped.
+
+- :func:`data_files`: the files of a directory that hold data (metadata and chunks);
+- :func:`copy_files`: those files copied into a dump, checksummed;
+- :func:`check_dumped`: a dump's ``_rbdata.json`` and the chunk files it names, before a copy;
+- :func:`own_dir`: a new temporary directory, filled (:func:`copy_named`, :func:`write_state`)
+  and opened;
+- :func:`state_of`: the files as ``uint8`` tensors (``dump_state``);
+- :func:`describe_dir`: ``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk
+  files by size.
 """
 
 from __future__ import annotations
@@ -12,7 +21,6 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from abc import abstractmethod
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
@@ -23,32 +31,77 @@ import torch
 from rbdata._core.atomic import fsync_dir
 from rbdata._core.checked import leaf_path, plain_file, read_json
 from rbdata._core.checksum import copy_with_crc
-from rbdata._core.files import inside, open_nofollow, remove_with
-from rbdata._core.layout import TENSOR, Key, Layout
+from rbdata._core.files import inside, open_nofollow
+from rbdata._core.layout import TENSOR
 from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
-from rbdata.storages._persist import check_config, check_dumped_dir, check_max_size
+from rbdata.storages._persist import check_dumped_dir, check_max_size
 from rbdata.storages.arrow._checks import (
     FORMAT,
     MAX_META_BYTES,
     META_FILE,
-    TORCH_TO_NUMPY,
     VERSION,
     check_meta,
     chunk_file,
     parse_meta,
 )
 from rbdata.storages.arrow._journal import JOURNAL_FILE
-from rbdata.storages.base import Codec, SavedStorage, Storage
+from rbdata.storages.base import Storage
 
-__all__ = ["ArrowFiles"]
+__all__ = [
+    "check_dumped",
+    "copy_files",
+    "copy_named",
+    "data_files",
+    "describe_dir",
+    "own_dir",
+    "state_of",
+    "write_state",
+]
 
-_A = TypeVar("_A", bound="ArrowFiles")
+_T = TypeVar("_T")
 
 _SLACK = 1 << 20  # schema, field metadata, footer and alignment of one chunk file
 
 
-def _check_dumped(src: Path, config: dict[str, Any]) -> tuple[int, list[str]]:
+def data_files(root: Path) -> list[Path]:
+    """The metadata and chunk files of ``root`` (everything that holds data), sorted.
+
+    Examples:
+        >>> import shutil, tempfile
+        >>> from pathlib import Path
+        >>> root = Path(tempfile.mkdtemp())
+        >>> for name in ("_rbdata.json", "chunk-000000.arrow", "_journal.bin"):
+        ...     _ = (root / name).write_bytes(b"")
+        >>> [file.name for file in data_files(root)]
+        ['_rbdata.json', 'chunk-000000.arrow']
+        >>> shutil.rmtree(root)
+    """
+    return [
+        file
+        for file in sorted(root.iterdir())
+        if file.name.startswith("chunk-") or file.name == META_FILE
+    ]
+
+
+def copy_files(
+    files: list[Path], directory: Path, fsync: bool
+) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+    """Copy ``files`` into ``directory`` (made already): the dump's state and checksums."""
+    sums = {file.name: copy_with_crc(file, directory / file.name, fsync) for file in files}
+    fsync_dir(directory, fsync)
+    return {"dir": directory.name}, sums
+
+
+def check_dumped(
+    cls: type[Storage], src: Path, config: dict[str, Any], state: Any
+) -> tuple[int, list[str]]:
+    """Check a dump's ``_rbdata.json`` and the chunk files it names (present, plain, not too big).
+
+    Returns:
+        The capacity and the names of the files to copy (the metadata first).
+    """
+    check_dumped_dir(cls, src, state, "layout.json")
     # _rbdata.json is ArrowStorage's own format: its reader checks every field
     file = src / META_FILE
     meta = read_json(file, "storage")
@@ -88,6 +141,42 @@ def _check_dumped(src: Path, config: dict[str, Any]) -> tuple[int, list[str]]:
     return capacity, names
 
 
+def own_dir(fill: Callable[[Path], None], open_dir: Callable[[Path], _T]) -> tuple[_T, Path]:
+    """A new temporary directory filled by ``fill``, then opened by ``open_dir``.
+
+    Returns:
+        What ``open_dir`` gave, and the directory (removed if filling or opening fails).
+    """
+    own = Path(tempfile.mkdtemp(prefix="rbdata-arrow-"))
+    try:
+        fill(own)
+        return open_dir(own), own
+    except BaseException:
+        shutil.rmtree(own, ignore_errors=True)
+        raise
+
+
+def copy_named(src: Path, names: list[str], own: Path) -> None:
+    """Copy the files ``names`` of ``src`` into ``own`` (only those, no symlink followed)."""
+    for name in names:
+        copy_with_crc(src / name, own / name, fsync=False)
+
+
+def write_state(state: Any, own: Path) -> None:
+    """Write the files of a :func:`state_of` state into ``own``."""
+    for name, data in state["files"].items():
+        if not isinstance(name, str) or name.startswith("."):
+            raise CheckpointError(f"ArrowStorage: bad file name {name!r}")
+        data.numpy().tofile(leaf_path(own, name, Path("state"), "files"))
+
+
+def state_of(files: list[Path]) -> dict[str, Any]:
+    """``{"files": {name: the file's bytes as a uint8 tensor}}``."""
+    return {
+        "files": {file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8)) for file in files}
+    }
+
+
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
     """``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk files by size."""
     file = inside(root, META_FILE, "metadata file")
@@ -109,150 +198,3 @@ def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
         details["journal"] = f"{journal} bytes of writes since the last flush ({REPLAY_NOTE})"
     keys = key_infos(meta["layout"])
     return StorageInfo("arrow", meta["capacity"], length, meta["next"], keys, details), problems
-
-
-class ArrowFiles(Storage):
-    """The persistence hooks of :class:`~rbdata.storages.ArrowStorage`: its files, copied."""
-
-    kind = "arrow"
-    marker_file = META_FILE
-    _finalizer: Any = None  # removes a temporary directory (see _files.storage_dir)
-    chunk_size: int
-    _ragged: tuple[Key, ...]
-    _path: Path
-
-    @classmethod
-    @abstractmethod
-    def open(cls: type[_A], path: str | os.PathLike[str], *, recover: bool = True) -> _A:
-        """Reopen a storage directory (:meth:`ArrowStorage.open`)."""
-
-    def _data_files(self) -> list[Path]:
-        """Flush; return the metadata and chunk files (everything that holds data)."""
-        self.flush()
-        return [
-            file
-            for file in sorted(self._path.iterdir())
-            if file.name.startswith("chunk-") or file.name == META_FILE
-        ]
-
-    @classmethod
-    def _own_copy(cls: type[_A], fill: Callable[[Path], None]) -> _A:
-        """Open a storage in a new temporary directory of its own, filled by ``fill``."""
-        own = Path(tempfile.mkdtemp(prefix="rbdata-arrow-"))
-        try:
-            fill(own)
-            arrow = cls.open(own)
-        except BaseException:
-            shutil.rmtree(own, ignore_errors=True)
-            raise
-        arrow._finalizer = remove_with(arrow, own)
-        return arrow
-
-    def abort(self) -> None:
-        """Give up a storage being filled: close it without a flush, keep its directory.
-
-        For a writer that failed midway (its caller removes the files): nothing more is
-        written, not even when the storage is dropped. Every other method then raises
-        ``ValueError``.
-        """
-        self._finalizer = None
-        self._closed = True
-
-    @property
-    def block_rows(self) -> int | None:
-        """:attr:`chunk_size`: a bulk copy reads or writes one chunk file at a time."""
-        return self.chunk_size
-
-    @classmethod
-    def check_layout(cls, layout: Layout) -> None:
-        """Refuse dtypes that Arrow lacks."""
-        for leaf in layout.leaves:
-            if leaf.dtype not in TORCH_TO_NUMPY:
-                raise TypeError(
-                    f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
-                    f"supported: {', '.join(str(d)[6:] for d in TORCH_TO_NUMPY)}"
-                )
-
-    @classmethod
-    def empty_like(
-        cls: type[_A],
-        src: Storage,
-        path: str | os.PathLike[str] | None = None,
-        block_rows: int | None = None,
-    ) -> _A:
-        """A new storage of ``src``'s capacity and ragged keys at ``path``.
-
-        Its chunk size is ``block_rows``, else ``src``'s for an Arrow ``src``, else the
-        default.
-        """
-        ragged = src._ragged if isinstance(src, ArrowFiles) else ()
-        return cls(  # type: ignore[call-arg]
-            src.capacity, path=path, chunk_size=block_rows or src.block_rows, ragged=ragged
-        )
-
-    def dump(
-        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
-    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
-        """Flush, then copy the metadata and chunk files into ``directory``."""
-        directory.mkdir()
-        sums = {
-            file.name: copy_with_crc(file, directory / file.name, fsync)
-            for file in self._data_files()
-        }
-        fsync_dir(directory, fsync)
-        return {"dir": directory.name}, sums
-
-    @classmethod
-    def check_dump(
-        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
-    ) -> Any:
-        """Check ``_rbdata.json`` and the chunk files it names (present, plain, not too big)."""
-        check_dumped_dir(cls, directory, state, "layout.json")
-        return _check_dumped(directory, config)
-
-    @classmethod
-    def restore(cls: type[_A], saved: SavedStorage) -> _A:
-        """A copy of the files the metadata names, in a temporary directory of its own."""
-        directory, config, plan = saved.directory, saved.config, saved.plan
-        names = plan[1]
-
-        def copy(own: Path) -> None:  # only the files the metadata names, no symlink
-            for name in names:
-                copy_with_crc(directory / name, own / name, fsync=False)
-
-        storage = cls._own_copy(copy)
-        check_config(storage, config)
-        return storage
-
-    def dump_state(self, codec: Codec) -> dict[str, Any]:
-        """``{"files": {name: the file's bytes as a uint8 tensor}}``, after a flush."""
-        files = {
-            file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8))
-            for file in self._data_files()
-        }
-        return {"files": files}
-
-    @classmethod
-    def from_state(cls: type[_A], config: dict[str, Any], state: Any, codec: Codec) -> _A:
-        """The files written to a temporary directory of its own, then opened."""
-
-        def write(own: Path) -> None:
-            for name, data in state["files"].items():
-                if not isinstance(name, str) or name.startswith("."):
-                    raise CheckpointError(f"ArrowStorage: bad file name {name!r}")
-                data.numpy().tofile(leaf_path(own, name, Path("state"), "files"))
-
-        storage = cls._own_copy(write)
-        check_config(storage, config)
-        return storage
-
-    @classmethod
-    def describe(
-        cls,
-        directory: Path,
-        config: dict[str, Any] | None = None,
-        state: Any = None,
-        meta_file: Path | None = None,
-    ) -> tuple[StorageInfo, list[str]]:
-        """``_rbdata.json`` (checked as ``open`` checks it); chunk files by size."""
-        return describe_dir(directory)

@@ -85,20 +85,24 @@ import os
 import threading
 import warnings
 import weakref
+from collections.abc import Callable
+from functools import partial
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import torch
 
-from rbdata._core.files import check_dir, open_nofollow, storage_dir
+from rbdata._core.files import check_dir, open_nofollow, remove_with, storage_dir
 from rbdata._core.index import check_capacity
 from rbdata._core.layout import RAGGED, STRING, TENSOR, Key, Layout
+from rbdata.storages._describe import StorageInfo
+from rbdata.storages._persist import check_config
 from rbdata.storages.arrow._checks import (
     FORMAT,
     META_FILE,
-    TORCH_TO_NUMPY,
     VERSION,
+    check_dtypes,
     check_ragged,
     read_dir,
 )
@@ -110,18 +114,28 @@ from rbdata.storages.arrow._items import (
     stack_variable_items,
 )
 from rbdata.storages.arrow._journal import Journal
-from rbdata.storages.arrow._persist import ArrowFiles
+from rbdata.storages.arrow._persist import (
+    check_dumped,
+    copy_files,
+    copy_named,
+    data_files,
+    describe_dir,
+    own_dir,
+    state_of,
+    write_state,
+)
 from rbdata.storages.arrow._writer import WriterHold
-from rbdata.storages.base import Prepared, Storage, WriteTarget
+from rbdata.storages.base import Codec, Prepared, SavedStorage, Storage, WriteTarget
 
 __all__ = ["ArrowStorage"]
 
 _DEFAULT_CHUNK = 1 << 16
 _JOURNAL_LIMIT = 32 << 20  # journal bytes after which every row is written to the chunks
-_TORCH_TO_NUMPY = TORCH_TO_NUMPY
+
+_A = TypeVar("_A", bound="ArrowStorage")
 
 
-class ArrowStorage(ArrowFiles):
+class ArrowStorage(Storage):
     """Items in memory-mapped Arrow IPC chunk files; keeps variable-length fields and strings.
 
     Args:
@@ -164,6 +178,9 @@ class ArrowStorage(ArrowFiles):
         >>> storage.close()
     """
 
+    kind = "arrow"
+    marker_file = META_FILE
+    _finalizer: Any = None  # removes a temporary directory (see _files.storage_dir)
     #: this process's hold on the directory, as its one writer (``None`` for a reading copy)
     _hold: WriterHold | None
 
@@ -204,7 +221,7 @@ class ArrowStorage(ArrowFiles):
 
     # --- opening, closing, pickling --------------------------------------------------------
     @classmethod
-    def open(cls, path: str | os.PathLike[str], *, recover: bool = True) -> ArrowStorage:
+    def open(cls: type[_A], path: str | os.PathLike[str], *, recover: bool = True) -> _A:
         """Reopen a storage directory read/write (after a restart, a crash or a kill).
 
         Every field of the metadata and every chunk file the metadata names is checked
@@ -458,12 +475,7 @@ class ArrowStorage(ArrowFiles):
     def _infer_layout(self, data: Any, batched: bool) -> Layout:
         """The first write's layout; string and ragged leaves allowed, dtypes Arrow keeps."""
         layout = Layout.from_data(data, batched, variable=True, ragged=self._ragged)
-        for leaf in layout.leaves:
-            if leaf.kind != STRING and leaf.dtype not in _TORCH_TO_NUMPY:
-                raise TypeError(
-                    f"key {leaf.name}: ArrowStorage cannot store dtype {leaf.dtype}; "
-                    f"supported: {', '.join(str(d)[6:] for d in _TORCH_TO_NUMPY)}"
-                )
+        check_dtypes(leaf for leaf in layout.leaves if leaf.kind != STRING)
         return layout
 
     def _set_layout(self, layout: Layout) -> None:
@@ -517,3 +529,94 @@ class ArrowStorage(ArrowFiles):
     def _write_one(self, index: int, payload: list[Any]) -> None:
         self._unsynced = True
         self._cache.write_one(index, payload, self._in_place())
+
+    # --- persistence hooks: the files, copied (the format: _persist.py) --------------------
+    def abort(self) -> None:
+        """Give up a storage being filled: close it without a flush, keep its directory.
+
+        For a writer that failed midway (its caller removes the files): nothing more is
+        written, not even when the storage is dropped. Every other method then raises
+        ``ValueError``.
+        """
+        self._finalizer = None
+        self._closed = True
+
+    @property
+    def block_rows(self) -> int | None:
+        """:attr:`chunk_size`: a bulk copy reads or writes one chunk file at a time."""
+        return self.chunk_size
+
+    @classmethod
+    def check_layout(cls, layout: Layout) -> None:
+        """Refuse dtypes that Arrow lacks."""
+        check_dtypes(layout.leaves)
+
+    @classmethod
+    def empty_like(
+        cls: type[_A],
+        src: Storage,
+        path: str | os.PathLike[str] | None = None,
+        block_rows: int | None = None,
+    ) -> _A:
+        """A new storage of ``src``'s capacity and ragged keys at ``path``.
+
+        Its chunk size is ``block_rows``, else ``src``'s for an Arrow ``src``, else the
+        default.
+        """
+        ragged = src._ragged if isinstance(src, ArrowStorage) else ()
+        return cls(src.capacity, path=path, chunk_size=block_rows or src.block_rows, ragged=ragged)
+
+    def _data_files(self) -> list[Path]:
+        """Flush; return the metadata and chunk files (everything that holds data)."""
+        self.flush()
+        return data_files(self._path)
+
+    @classmethod
+    def _own_copy(cls: type[_A], fill: Callable[[Path], None]) -> _A:
+        """Open a storage in a new temporary directory of its own, filled by ``fill``."""
+        storage, own = own_dir(fill, cls.open)
+        storage._finalizer = remove_with(storage, own)
+        return storage
+
+    def dump(
+        self, directory: Path, codec: Codec, tensors: list[torch.Tensor], fsync: bool = True
+    ) -> tuple[dict[str, Any], dict[str, dict[str, int]]]:
+        """Flush, then copy the metadata and chunk files into ``directory``."""
+        directory.mkdir()
+        return copy_files(self._data_files(), directory, fsync)
+
+    @classmethod
+    def check_dump(
+        cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
+    ) -> Any:
+        """Check ``_rbdata.json`` and the chunk files it names (present, plain, not too big)."""
+        return check_dumped(cls, directory, config, state)
+
+    @classmethod
+    def restore(cls: type[_A], saved: SavedStorage) -> _A:
+        """A copy of the files the metadata names, in a temporary directory of its own."""
+        storage = cls._own_copy(partial(copy_named, saved.directory, saved.plan[1]))
+        check_config(storage, saved.config)
+        return storage
+
+    def dump_state(self, codec: Codec) -> dict[str, Any]:
+        """``{"files": {name: the file's bytes as a uint8 tensor}}``, after a flush."""
+        return state_of(self._data_files())
+
+    @classmethod
+    def from_state(cls: type[_A], config: dict[str, Any], state: Any, codec: Codec) -> _A:
+        """The files written to a temporary directory of its own, then opened."""
+        storage = cls._own_copy(partial(write_state, state))
+        check_config(storage, config)
+        return storage
+
+    @classmethod
+    def describe(
+        cls,
+        directory: Path,
+        config: dict[str, Any] | None = None,
+        state: Any = None,
+        meta_file: Path | None = None,
+    ) -> tuple[StorageInfo, list[str]]:
+        """``_rbdata.json`` (checked as ``open`` checks it); chunk files by size."""
+        return describe_dir(directory)
