@@ -543,7 +543,7 @@ class ArrowStorage(Storage):
 
     @property
     def block_rows(self) -> int | None:
-        """:attr:`chunk_size`: a bulk copy reads or writes one chunk file at a time."""
+        """The chunk size (``chunk_size``): a bulk copy reads or writes one chunk file at a time."""
         return self.chunk_size
 
     @classmethod
