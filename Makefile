@@ -14,7 +14,7 @@ $(VENV)/bin/python:
 
 $(STAMP): pyproject.toml constraints.txt | $(VENV)/bin/python
 	$(PIP) install --upgrade pip
-	$(PIP) install -c constraints.txt -e ".[$(EXTRAS)]"
+	$(PIP) install -c constraints.txt -e ".$(if $(EXTRAS),[$(EXTRAS)])"
 	touch $@
 
 venv: $(STAMP)
@@ -49,7 +49,10 @@ test: lint typecheck
 	$(PY) -m pytest
 	$(MAKE) --no-print-directory boundscheck
 
-demo: venv
+# The demo needs rbdata's own dependencies only (no test, bench or docs extras): a fresh
+# checkout installs just those; a venv already set up for anything else serves as it is.
+demo:
+	@ls $(VENV)/.installed-* >/dev/null 2>&1 || $(MAKE) --no-print-directory EXTRAS= venv
 	$(PY) -m rbdata demo
 
 bench: venv

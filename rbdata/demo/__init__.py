@@ -255,10 +255,16 @@ def _evaluate(dataset: Any, q: nn.Module, out: Callable[[str], object]) -> dict[
         f"  mean Q(s, a) over the data {facts['q_mean']:.2f}; Monte Carlo discounted return "
         f"{facts['mc_return_mean']:.2f}"
     )
+    lo, hi = dataset.info.get("ref_min_score"), dataset.info.get("ref_max_score")
     out(
         f"normalized score of the data's mean episode return ({facts['mean_return']:.1f} over "
         f"{len(returns)} complete episodes): {facts['normalized_score']:.3f}; best episode "
         f"({returns.max():.0f}): {dataset.normalized_score(float(returns.max())):.3f}"
+    )
+    out(
+        f"  (D4RL's scale: 0 = the reference random return {lo:.1f}, 1 = the expert's "
+        f"{hi:.0f}; this sample was collected by a random policy, whose mean return is the "
+        "reference 0)"
     )
     return facts
 
