@@ -238,7 +238,17 @@ def prepare(
 
     def convert(path: Path, storage: Path) -> dict[str, Any]:
         desc = f"{entry.id} ({backend})"
-        return convert_d4rl(path, storage, backend, progress=progress, desc=desc)
+        try:
+            return convert_d4rl(path, storage, backend, progress=progress, desc=desc)
+        except OSError as err:
+            if isinstance(err, FileNotFoundError) and not path.exists():
+                raise
+            raise ValueError(
+                f"dataset {entry.id!r}: {str(path)!r} is not a readable HDF5 file "
+                f"({type(err).__name__}: {err}); expected D4RL's {entry.id} file, a complete "
+                "HDF5 file with observations, actions, rewards, terminals and timeouts: it is "
+                "truncated or corrupt; download it again or pass the right file"
+            ) from err
 
     cached = d4rl_download_path(base, entry, url)
     head = {"family": FAMILY, "id": entry.id, "backend": backend}

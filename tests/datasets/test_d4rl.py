@@ -402,3 +402,23 @@ def test_cache_metadata_is_plain_json(hopper: OfflineDataset) -> None:
     assert meta["id"] == ID and meta["transitions"] == 700
     assert meta["keys"]["next/reward"] == [[1], "float32"]
     assert meta["source"]["sha256_verified"] is True
+
+
+@pytest.mark.parametrize("damage", ["truncated", "garbage"])
+def test_a_damaged_local_hdf5_names_the_file_the_dataset_and_what_was_expected(
+    tmp_path: Path, damage: str
+) -> None:
+    """A local file that h5py cannot read (its digest passed, so no size check stops it)."""
+    good = tmp_path / "good.hdf5"
+    write_d4rl_file(good, n=200)
+    data = good.read_bytes()
+    blob = data[: len(data) // 2] if damage == "truncated" else b"\x89HDF\r\n\x1a\n" + bytes(4096)
+    bad = tmp_path / "bad.hdf5"
+    bad.write_bytes(blob)
+    with pytest.raises(ValueError) as info:
+        D4RL(ID, tmp_path / "home", file=bad, sha256=_sha(bad), progress=False)
+    message = str(info.value)
+    assert str(bad) in message and repr(ID) in message
+    assert "not a readable HDF5 file" in message and "truncated or corrupt" in message
+    assert isinstance(info.value.__cause__, OSError)  # h5py's own error, kept as the cause
+    assert not any((tmp_path / "home").rglob("*.bin"))  # nothing converted was left behind
