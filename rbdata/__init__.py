@@ -30,7 +30,13 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
         SliceSamplerWithoutReplacement,
         UniformSampler,
     )
-    from rbdata.storages import ArrowStorage, ListStorage, MemmapStorage, TensorStorage
+    from rbdata.storages import (
+        ArrowStorage,
+        ListStorage,
+        MemmapStorage,
+        TensorStorage,
+        tensordict_collate,
+    )
     from rbdata.transforms import HindsightRelabel
     from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
@@ -62,6 +68,7 @@ __all__ = [
     "errors",
     "samplers",
     "storages",
+    "tensordict_collate",
     "transforms",
     "writers",
 ]
@@ -84,7 +91,14 @@ _LAZY = {
         "rbdata.samplers",
     ),
     **dict.fromkeys(
-        ("ArrowStorage", "ListStorage", "MemmapStorage", "TensorStorage"), "rbdata.storages"
+        (
+            "ArrowStorage",
+            "ListStorage",
+            "MemmapStorage",
+            "TensorStorage",
+            "tensordict_collate",
+        ),
+        "rbdata.storages",
     ),
     **dict.fromkeys(("ImmutableWriter", "MaxValueWriter", "RoundRobinWriter"), "rbdata.writers"),
     "samplers": "rbdata.samplers",

@@ -1,6 +1,6 @@
 """Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
 
-from rbdata.storages._collate import wrap_for_collate
+from rbdata.storages._collate import tensordict_collate, wrap_for_collate
 from rbdata.storages._describe import KeyInfo, StorageInfo
 from rbdata.storages.arrow import ArrowStorage
 from rbdata.storages.base import (
@@ -36,6 +36,7 @@ __all__ = [
     "convert",
     "storage_kind",
     "storage_kinds",
+    "tensordict_collate",
     "wrap_for_collate",
 ]
 

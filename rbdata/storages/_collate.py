@@ -8,11 +8,13 @@ nothing (10-40 us per batch, as much as the gather of a small batch), and a list
 from a :class:`~rbdata.storages.ListStorage` would be collated twice.
 
 So when the caller of ``__getitems__`` is DataLoader's map-style fetch and its ``collate_fn``
-is ``default_collate`` (:func:`feeds_default_collate`), the storage wraps the batch in a
+is ``default_collate`` or :func:`tensordict_collate` (torchrl's name, for code ported from
+it; :func:`feeds_default_collate`), the storage wraps the batch in a
 :class:`GatheredBatch` (:func:`mark_for_default_collate`). Its ``[0]`` is a marker of a type
 of rbdata's own, and the marker's entry in ``default_collate_fn_map`` returns the batch
-inside, so ``default_collate`` is the only code that ever sees the wrapper and returns exactly
-what ``storage[indices]`` returns. Nothing else in DataLoader changes: workers, ``pin_memory``
+inside, so ``default_collate`` (and :func:`tensordict_collate`, which unwraps it the same way)
+is the only code that ever sees the wrapper and returns exactly what ``storage[indices]``
+returns. Nothing else in DataLoader changes: workers, ``pin_memory``
 and ``StatefulDataLoader`` get the batch that ``collate`` returns.
 
 Importing rbdata adds that one entry, for a type of its own (as tensordict does for its
@@ -24,6 +26,8 @@ from __future__ import annotations
 from types import FrameType
 from typing import Any
 
+import torch
+from tensordict import TensorDictBase
 from torch.utils.data import default_collate
 from torch.utils.data._utils.collate import default_collate_fn_map
 from torch.utils.data._utils.fetch import _MapDatasetFetcher
@@ -33,6 +37,7 @@ __all__ = [
     "feeds_default_collate",
     "install",
     "mark_for_default_collate",
+    "tensordict_collate",
     "wrap_for_collate",
 ]
 
@@ -80,6 +85,9 @@ def _return_gathered(batch: Any, *, collate_fn_map: Any = None) -> Any:
 def feeds_default_collate(frame: FrameType | None) -> bool:
     """Whether ``frame`` (which called ``__getitems__``) is DataLoader's fetch into default collate.
 
+    Its ``collate_fn`` is ``default_collate`` or :func:`tensordict_collate`: both take a
+    :class:`GatheredBatch` and return the batch inside it.
+
     Examples:
         >>> import sys
         >>> feeds_default_collate(sys._getframe(0))
@@ -88,7 +96,8 @@ def feeds_default_collate(frame: FrameType | None) -> bool:
     if frame is None or frame.f_code is not _FETCH_CODE:
         return False
     fetcher = frame.f_locals.get("self")
-    return getattr(fetcher, "collate_fn", None) is default_collate
+    collate_fn = getattr(fetcher, "collate_fn", None)
+    return collate_fn is default_collate or collate_fn is tensordict_collate
 
 
 def mark_for_default_collate(batch: Any) -> GatheredBatch:
@@ -122,6 +131,46 @@ def wrap_for_collate(batch: Any, caller: FrameType | None) -> Any:
     if feeds_default_collate(caller):
         return mark_for_default_collate(batch)
     return batch
+
+
+def tensordict_collate(batch: Any) -> Any:
+    """Collate what ``DataLoader`` passes its ``collate_fn`` into one batch (torchrl's name).
+
+    For code ported from torchrl (``collate_fn=tensordict_collate``). A batch that a storage's
+    ``__getitems__`` gathered in one read comes back as it is, exactly what
+    ``storage[indices]`` returns: a TensorDict, a tensor (or, from a
+    :class:`~rbdata.storages.ListStorage` of other objects, what it gathered). Storages wrap
+    such a batch for this function as for ``default_collate`` (:func:`wrap_for_collate`), so
+    it is never collated twice. A list of single items (from a dataset without
+    ``__getitems__``, or ``storage[i]`` read one by one) is stacked: TensorDicts with
+    ``torch.stack``, anything else with ``default_collate``.
+
+    Args:
+        batch: a batch from ``__getitems__`` (wrapped or not), or a list of single items.
+
+    Returns:
+        One TensorDict or tensor with the items along its first dimension.
+
+    Examples:
+        >>> import torch
+        >>> from tensordict import TensorDict
+        >>> items = [TensorDict({"t": torch.tensor(i)}, batch_size=[]) for i in range(3)]
+        >>> tensordict_collate(items)["t"]
+        tensor([0, 1, 2])
+        >>> tensordict_collate([torch.zeros(2), torch.ones(2)]).shape
+        torch.Size([2, 2])
+        >>> batch = torch.arange(6).view(3, 2)
+        >>> tensordict_collate(batch) is batch  # already a batch
+        True
+    """
+    if type(batch) is GatheredBatch:
+        return batch.batch
+    if isinstance(batch, (torch.Tensor, TensorDictBase)):
+        return batch  # a gathered batch handed over as it is
+    items = list(batch)
+    if items and all(isinstance(item, TensorDictBase) for item in items):
+        return torch.stack(items)
+    return default_collate(items)
 
 
 def install() -> None:

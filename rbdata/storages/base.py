@@ -89,6 +89,9 @@ class SavedStorage:
     plan: Any
 
 
+_Self = TypeVar("_Self", bound="Storage")
+
+
 class Storage(Dataset[Any]):
     """Base class of all storages: a fixed-capacity, map-style dataset of items.
 
@@ -255,6 +258,40 @@ class Storage(Dataset[Any]):
         else:
             batch = self.gather(as_index_tensor(indices, len(self)), None)
         return wrap_for_collate(batch, sys._getframe(1))
+
+    @final
+    def as_dataset(self: _Self) -> _Self:
+        """The storage as a map-style :class:`torch.utils.data.Dataset`: the storage itself.
+
+        Every storage already is a map-style dataset (``len``, ``storage[i]``) whose
+        ``__getitems__`` gathers a whole batch of a ``DataLoader`` in one vectorised read.
+        The method keeps torchrl's spelling (``rb.storage.as_dataset()``) for code ported
+        from it; a batch comes out of ``DataLoader`` as one TensorDict (or tensor) with the
+        collate function :func:`~rbdata.storages.tensordict_collate` or the default one.
+
+        Returns:
+            This storage (``storage.as_dataset() is storage``).
+
+        Examples:
+            >>> import torch
+            >>> from tensordict import TensorDict
+            >>> from torch.utils.data import DataLoader
+            >>> from rbdata import TensorStorage, tensordict_collate
+            >>> storage = TensorStorage(100)
+            >>> storage.set(slice(0, 10), TensorDict({"t": torch.arange(10)}, batch_size=[10]))
+            >>> dataset = storage.as_dataset()
+            >>> dataset is storage
+            True
+            >>> loader = DataLoader(
+            ...     dataset, batch_size=4, shuffle=True, collate_fn=tensordict_collate
+            ... )
+            >>> [batch.batch_size[0] for batch in loader]
+            [4, 4, 2]
+            >>> sorted(torch.cat([batch["t"] for batch in loader]).tolist()) == list(range(10))
+            True
+        """
+        self._check_open()
+        return self
 
     @final
     def set(self, index: WriteIndex, data: Any) -> None:
