@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from rbdata._core.resources import catalog_path
+from rbdata.errors import MissingKeyError
 
 __all__ = [
     "ATARI_DQN_PREFIX",
@@ -140,7 +141,7 @@ def atari_game(name: str) -> AtariGame:
         >>> atari_game("pong")
         Traceback (most recent call last):
         ...
-        KeyError: "unknown DQN Replay game 'pong'; did you mean 'Pong'?"
+        rbdata.errors.MissingKeyError: unknown DQN Replay game 'pong'; did you mean 'Pong'?
     """
     catalog = atari_catalog()
     if name in catalog:
@@ -149,7 +150,7 @@ def atari_game(name: str) -> AtariGame:
     close = [lower[name.lower()]] if name.lower() in lower else []
     close = close or difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see `rbdata datasets list`"
-    raise KeyError(f"unknown DQN Replay game {name!r}; {hint}")
+    raise MissingKeyError(f"unknown DQN Replay game {name!r}; {hint}")
 
 
 def checkpoint_spec(checkpoints: Iterable[int]) -> str:
