@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any
 
 from rbdata._core.resources import catalog_path
-from rbdata.errors import MissingKeyError
 
 __all__ = [
     "ATARI_DQN_PREFIX",
@@ -150,6 +149,8 @@ def atari_game(name: str) -> AtariGame:
     close = [lower[name.lower()]] if name.lower() in lower else []
     close = close or difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see `rbdata datasets list`"
+    from rbdata.errors import MissingKeyError  # here: the catalog imports the stdlib only
+
     raise MissingKeyError(f"unknown DQN Replay game {name!r}; {hint}")
 
 
