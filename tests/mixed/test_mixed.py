@@ -10,6 +10,7 @@ source's own sampler.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -484,3 +485,17 @@ def test_an_out_of_range_index_raises_index_error_as_a_replay_buffer_does() -> N
                 buffer[index]
     with pytest.raises(IndexError, match="holds 5 items"):  # a row not yet filled
         mixed[16]
+
+
+def test_priorities_computed_with_grad_route_without_a_warning() -> None:
+    mixed = MixedBuffer(
+        {"a": prioritized_buffer(10, 5, 0, 1), "b": prioritized_buffer(10, 5, 100, 0)},
+        {"a": 1, "b": 1},
+    )
+    td = (torch.rand(3, requires_grad=True) - 0.5).abs() + 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mixed.update_priority(torch.tensor([0, 12, 13]), td)
+        mixed.update_priority(torch.tensor([1, 11]), td[0])
+        mixed.update_priority(torch.tensor([2, 14]), list(td[:2]))  # raised before
+    assert mixed.samplers["b"].priority_values(torch.tensor([4])).item() > 0
