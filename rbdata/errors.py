@@ -13,6 +13,7 @@ __all__ = [
     "DownloadError",
     "EmptyBufferError",
     "MissingExtraError",
+    "MissingKeyError",
     "ReadOnlyError",
     "StorageInUseError",
 ]
@@ -36,6 +37,22 @@ class StorageInUseError(RuntimeError):
     The message names the process and says how to share the storage (``storage.share()``
     there, or sending the storage object, which pickling and forking share).
     """
+
+
+class MissingKeyError(KeyError):
+    """Raised when a key (or a dataset name) is not there; a ``KeyError`` that reads well.
+
+    ``str(KeyError(msg))`` is ``repr(msg)``, so a message quoting a key would print with
+    escaped quotes; this one prints its message as written. ``except KeyError`` catches it.
+
+    Examples:
+        >>> str(MissingKeyError("the storage has no key 'obs'"))
+        "the storage has no key 'obs'"
+    """
+
+    def __str__(self) -> str:
+        args = self.args
+        return args[0] if len(args) == 1 and isinstance(args[0], str) else super().__str__()
 
 
 class MissingExtraError(ImportError):

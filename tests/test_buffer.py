@@ -204,3 +204,11 @@ def test_replay_buffer_checks_writer_and_transform() -> None:
         ReplayBuffer(TensorStorage(4), sampler, batch_size=0)
     assert sampler.data_source is None  # refused before the sampler was bound
     assert UniformSampler(replacement=np.bool_(False)).replacement is False
+
+
+def test_an_out_of_range_index_raises_index_error() -> None:
+    rb = ReplayBuffer(TensorStorage(20))
+    rb.extend({"obs": torch.arange(10.0)})
+    for index in (len(rb), torch.tensor([10**6]), -len(rb) - 1, 10**6, [0, 10**6]):
+        with pytest.raises(IndexError, match="out of range"):
+            rb[index]

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from rbdata._core.resources import catalog_path
-from rbdata.errors import MissingExtraError
+from rbdata.errors import MissingExtraError, MissingKeyError
 
 __all__ = [
     "D4RLEntry",
@@ -148,14 +148,14 @@ def d4rl_entry(name: str) -> D4RLEntry:
         >>> d4rl_entry("hoper-medium-v2")
         Traceback (most recent call last):
         ...
-        KeyError: "unknown D4RL dataset 'hoper-medium-v2'; did you mean 'hopper-medium-v2', ...
+        rbdata.errors.MissingKeyError: unknown D4RL dataset 'hoper-medium-v2'; did you mean ...
     """
     catalog = d4rl_catalog()
     if name in catalog:
         return catalog[name]
     close = difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see `rbdata datasets list`"
-    raise KeyError(f"unknown D4RL dataset {name!r}; {hint}")
+    raise MissingKeyError(f"unknown D4RL dataset {name!r}; {hint}")
 
 
 #: The URL prefix of every OGBench file (``ogbench.utils.DATASET_URL``);
@@ -303,14 +303,14 @@ def ogbench_entry(name: str) -> OGBenchEntry:
         >>> ogbench_entry("antmaze-larg-navigate-v0")
         Traceback (most recent call last):
         ...
-        KeyError: "unknown OGBench dataset 'antmaze-larg-navigate-v0'; did you mean ...
+        rbdata.errors.MissingKeyError: unknown OGBench dataset 'antmaze-larg-navigate-v0'; ...
     """
     catalog = ogbench_catalog()
     if name in catalog:
         return catalog[name]
     close = difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see `rbdata datasets list`"
-    raise KeyError(f"unknown OGBench dataset {name!r}; {hint}")
+    raise MissingKeyError(f"unknown OGBench dataset {name!r}; {hint}")
 
 
 def ogbench_file(name: str) -> OGBenchFile:

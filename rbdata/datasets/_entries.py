@@ -133,10 +133,13 @@ def info_command(root: Path, ref: DatasetRef, *, backend: str | None) -> int:
         print(f"{'source.' + key + ':':<13} {text}")
     lo, hi = info.get("ref_min_score"), info.get("ref_max_score")
     print(f"ref scores:   min {'-' if lo is None else lo}, max {'-' if hi is None else hi}")
-    keys = info.get("keys") or {}
+    keys = info.get("keys") or {}  # named "next/reward" in the entry's info
     print(f"keys ({len(keys)}):")
-    print_table(
-        [(f"  {k}", f"[{', '.join(map(str, v[0]))}]", str(v[1])) for k, v in keys.items()],
+    print_table(  # named as `rbdata inspect` and Arrow's columns name them: "next.reward"
+        [
+            (f"  {k.replace('/', '.')}", f"[{', '.join(map(str, v[0]))}]", str(v[1]))
+            for k, v in keys.items()
+        ],
         ("  KEY", "SHAPE", "DTYPE"),
     )
     metadata = info.get("metadata") or {}

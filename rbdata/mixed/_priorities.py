@@ -45,6 +45,10 @@ def as_priorities(priority: Any, n: int) -> torch.Tensor:
         TypeError: not real numbers.
         ValueError: a count other than 1 or ``n``, or a NaN, infinite or negative value.
     """
+    if isinstance(priority, torch.Tensor):  # computed with grad, often: no autograd here
+        priority = priority.detach()
+    elif isinstance(priority, (list, tuple)):  # numpy would call numpy() on grad tensors
+        priority = [p.detach() if isinstance(p, torch.Tensor) else p for p in priority]
     if isinstance(priority, np.ndarray) or not isinstance(priority, torch.Tensor):
         try:
             priority = torch.as_tensor(np.asarray(priority, dtype=np.float64))

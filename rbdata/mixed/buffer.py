@@ -151,6 +151,19 @@ class MixedBuffer:
         offsets = torch.tensor([s.offset for s in self._sources], device=idx.device)
         return position, idx - offsets[position]
 
+    def __getitem__(self, index: Any) -> Any:
+        """``mixed[index]``: the rows at combined ``index``, as ``mixed.dataset[index]`` gives.
+
+        An int gives one row, anything else (indices, a tensor) a batch with ``"index"`` and
+        ``"source"``.
+
+        Raises:
+            IndexError: an index outside ``[0, len(mixed.dataset))`` (the sum of the sources'
+                capacities) or past its source's filled rows, as ``rb[index]`` raises for a
+                :class:`~rbdata.ReplayBuffer`.
+        """
+        return self.dataset[index]
+
     def __len__(self) -> int:
         """Items in all sources together."""
         return sum(len(s) for s in self._sources)

@@ -144,8 +144,22 @@ def device_index_and_priority(
     return idx, prio
 
 
+def detached(value: Any) -> Any:
+    """``value`` without autograd: a tensor detached, a list or tuple with its tensors detached.
+
+    Priorities are often computed with grad (``(q - target).abs()``); a list of such
+    tensors would make numpy call ``numpy()`` on each, which raises.
+    """
+    if isinstance(value, torch.Tensor):
+        return value.detach()
+    if isinstance(value, (list, tuple)) and any(isinstance(v, torch.Tensor) for v in value):
+        return [v.detach() if isinstance(v, torch.Tensor) else v for v in value]
+    return value
+
+
 def as_numpy(value: Any, dtype: type, name: str) -> np.ndarray:
     """A 1-D (or 0-d) numpy view or copy of a tensor, array, list or scalar, of ``dtype``."""
+    value = detached(value)
     if isinstance(value, torch.Tensor):
         if value.requires_grad:
             value = value.detach()

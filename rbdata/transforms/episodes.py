@@ -25,6 +25,7 @@ import torch
 
 from rbdata._core.layout import Key, flatten
 from rbdata._core.layout.keys import key_name
+from rbdata.errors import MissingKeyError
 
 __all__ = ["EpisodeIndex"]
 
@@ -64,7 +65,7 @@ def read_column(storage: Any, key: Key, slots: torch.Tensor) -> torch.Tensor:
     keys = getattr(layout, "keys", None)
     buffers = getattr(storage, "buffers", None) if keys is not None else None
     if keys is not None and key not in keys:
-        raise KeyError(f"the storage has no key {key_name(key)} (its keys: {list(keys)})")
+        raise MissingKeyError(f"the storage has no key {key_name(key)} (its keys: {list(keys)})")
     if buffers is not None:
         column = buffers[keys.index(key)]  # type: ignore[union-attr]
         if slots.device != column.device:
@@ -74,7 +75,9 @@ def read_column(storage: Any, key: Key, slots: torch.Tensor) -> torch.Tensor:
     for start in range(0, slots.shape[0], _CHUNK):
         _, leaves = flatten(storage.__getitems__(slots[start : start + _CHUNK]))
         if key not in leaves:
-            raise KeyError(f"the storage has no key {key_name(key)} (its keys: {list(leaves)})")
+            raise MissingKeyError(
+                f"the storage has no key {key_name(key)} (its keys: {list(leaves)})"
+            )
         parts.append(torch.as_tensor(leaves[key]))
     return torch.cat(parts) if parts else torch.zeros(0)
 

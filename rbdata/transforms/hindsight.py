@@ -19,6 +19,7 @@ from tensordict import TensorDict, TensorDictBase
 
 from rbdata._core.layout import Key
 from rbdata._core.layout.keys import key_name
+from rbdata.errors import MissingKeyError
 from rbdata.transforms._batch import check_probs, check_ratio, get_entry, leaf_names, put_entry
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
 from rbdata.transforms._relabel_cpu import CpuRelabel, blend_rewards
@@ -274,19 +275,19 @@ class HindsightRelabel:
             )
         index = get_entry(batch, ("index",))
         if not isinstance(index, torch.Tensor) or index.dim() != 1:
-            raise KeyError(
+            raise MissingKeyError(
                 "HindsightRelabel needs the batch's 'index' (the storage slot of each item): "
                 "sample through a ReplayBuffer, or add it"
             )
         achieved = get_entry(batch, self.goal_key)
         if not isinstance(achieved, torch.Tensor):
-            raise KeyError(
+            raise MissingKeyError(
                 f"HindsightRelabel: the batch has no achieved goal {key_name(self.goal_key)}; "
                 f"its keys: {leaf_names(batch)}"
             )
         old = get_entry(batch, self.desired_key)
         if not isinstance(old, torch.Tensor) and self.her_ratio < 1.0:
-            raise KeyError(
+            raise MissingKeyError(
                 f"HindsightRelabel: the batch has no desired goal {key_name(self.desired_key)} "
                 "to keep on the items not relabeled; use her_ratio=1.0 to give every item one"
             )

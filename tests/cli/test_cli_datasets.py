@@ -233,9 +233,13 @@ def test_download_info_path_remove(
     keys = {x.split()[0]: x.split()[1:] for x in out.split("keys (")[1].splitlines()[2:]}
     assert keys["observation"] == ["[3]", "float32"]
     assert keys["action"] == ["[2]", "float32"]
-    assert keys["next/reward"] == ["[1]", "float32"]
-    assert keys["next/done"] == ["[1]", "bool"]
+    assert keys["next.reward"] == ["[1]", "float32"]  # spelled as `rbdata inspect` does
+    assert keys["next.done"] == ["[1]", "bool"]
     assert keys["episode"] == ["[]", "int64"]
+    assert main(["inspect", str(entry)]) == 0
+    inspected = capsys.readouterr().out
+    rows = [x.split() for x in inspected.split("keys (")[1].splitlines()[2:]]
+    assert ["next.reward", "[1]", "float32"] in rows and ["next.done", "[1]", "bool"] in rows
     assert "  algorithm: SAC" in out
     assert "  policy/fc0/weight: <list 64x3>" in out
 
@@ -414,7 +418,7 @@ def test_minari_list_download_info_remove(
     assert "transitions:  15" in out and "episodes:     3" in out
     keys = {x.split()[0]: x.split()[1:] for x in out.split("keys (")[1].splitlines()[2:]}
     assert keys["observation"] == ["[3]", "float32"]
-    assert keys["next/observation"] == ["[3]", "float32"]
+    assert keys["next.observation"] == ["[3]", "float32"]
     assert keys["action"] == ["[2]", "float32"]
     assert "  algorithm_name: random" in out
     code, out, _ = run(capsys, "remove", f"minari/{MINARI_ID}")

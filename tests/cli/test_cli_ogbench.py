@@ -126,7 +126,7 @@ def test_download_info_path_remove(mirror: dict, home: Path, capsys) -> None:
     digest = hashlib.sha256(download.read_bytes()).hexdigest()
     assert fields["sha256"].strip() == f"{digest} (not verified: no digest was expected)"
     keys = {x.split()[0]: x.split()[1:] for x in out.split("keys (")[1].splitlines()[2:]}
-    assert keys["next/valid"] == ["[1]", "bool"] and keys["info/button_states"] == ["[2]", "int64"]
+    assert keys["next.valid"] == ["[1]", "bool"] and keys["info.button_states"] == ["[2]", "int64"]
 
     code, out, err = run(capsys, "path", f"ogbench/{NAME}-val")
     assert (code, out, err) == (0, f"{val}\n", "")

@@ -24,6 +24,7 @@ from rbdata import PrioritizedSampler, ReadOnlyError, SamplerWithoutReplacement,
 from rbdata.datasets import D4RL, ChecksumError, OfflineDataset
 from rbdata.datasets import d4rl as d4rl_module
 from rbdata.datasets._catalog import d4rl_entry
+from rbdata.errors import MissingKeyError
 from tests._d4rl_files import reference_rows, serve, write_d4rl_file
 
 ID = "hopper-medium-v2"
@@ -193,8 +194,10 @@ def test_download_false_needs_the_cache(mirror: dict[str, Any]) -> None:
 
 
 def test_unknown_id_suggests_close_ones(tmp_path: Path) -> None:
-    with pytest.raises(KeyError, match="hopper-medium-v2"):
+    with pytest.raises(KeyError, match="hopper-medium-v2") as err:
         D4RL("hoper-medium-v2", tmp_path)
+    assert isinstance(err.value, MissingKeyError)
+    assert str(err.value).startswith("unknown D4RL dataset 'hoper-medium-v2'; did you mean")
 
 
 def test_sample_ids_need_a_mirror(tmp_path: Path, monkeypatch) -> None:

@@ -10,6 +10,7 @@ source's own sampler.
 from __future__ import annotations
 
 import math
+import warnings
 from pathlib import Path
 
 import numpy as np
@@ -470,3 +471,31 @@ def test_random_sequences_match_a_plain_model(seed: int) -> None:
             base = torch.tensor([0.0, 0.0, 9000.0])[position]
             assert torch.equal(batch["id"][fixed], (base + local)[fixed].double())
             mixed.update_priority(batch["index"], torch.rand(n, generator=rng) + 0.01)
+
+
+def test_an_out_of_range_index_raises_index_error_as_a_replay_buffer_does() -> None:
+    mixed = MixedBuffer({"a": storage(10, 0), "b": storage(5, 100, capacity=8)}, {"a": 1, "b": 1})
+    rb = ReplayBuffer(TensorStorage(20))
+    rb.extend(rows(10))
+    assert torch.equal(mixed[3]["id"], torch.tensor(3.0, dtype=torch.float64))
+    assert mixed[torch.tensor([0, 11])]["id"].tolist() == [0.0, 101.0]
+    for buffer in (mixed, rb):
+        for index in (len(buffer), torch.tensor([10**6]), -len(buffer) - 1, 10**6):
+            with pytest.raises(IndexError, match=r"out of range|holds 5 items"):
+                buffer[index]
+    with pytest.raises(IndexError, match="holds 5 items"):  # a row not yet filled
+        mixed[16]
+
+
+def test_priorities_computed_with_grad_route_without_a_warning() -> None:
+    mixed = MixedBuffer(
+        {"a": prioritized_buffer(10, 5, 0, 1), "b": prioritized_buffer(10, 5, 100, 0)},
+        {"a": 1, "b": 1},
+    )
+    td = (torch.rand(3, requires_grad=True) - 0.5).abs() + 0.1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        mixed.update_priority(torch.tensor([0, 12, 13]), td)
+        mixed.update_priority(torch.tensor([1, 11]), td[0])
+        mixed.update_priority(torch.tensor([2, 14]), list(td[:2]))  # raised before
+    assert mixed.samplers["b"].priority_values(torch.tensor([4])).item() > 0

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 import pytest
 import torch
@@ -299,3 +301,20 @@ def test_per_step_adds_set_the_same_priorities_as_batch_extends() -> None:
     assert torch.equal(rb.sampler.priority_values(), ref.sampler.priority_values())
     assert rb.sampler.min() == ref.sampler.min()
     assert rb.sampler.max_priority == ref.sampler.max_priority == 9.0
+
+
+def test_priorities_computed_with_grad_are_taken_without_a_warning() -> None:
+    rb = make(alpha=0.7, beta=0.5)
+    q = torch.rand(4, requires_grad=True)
+    td = (q - 0.5).abs() + 0.1  # requires_grad, as a TD error is
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        rb.update_priority(torch.arange(4), td)  # a tensor
+        rb.update_priority(torch.arange(4), td[:, None])  # (n, 1)
+        rb.update_priority(torch.arange(4), td[0])  # one value for all
+        rb.update_priority(2, td[1])  # an int index
+        rb.update_priority([0, 1, 2, 3], list(td))  # a list of 0-d tensors: raised before
+        rb.sampler.check_priority(torch.arange(4), td)
+    expected = (td.detach().double() + rb.sampler.eps) ** rb.sampler.alpha
+    assert torch.allclose(rb.sampler.priority_values(torch.arange(4)).double(), expected)
+    assert q.grad is None

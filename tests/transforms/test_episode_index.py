@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import traceback
 from pathlib import Path
 
 import numpy as np
@@ -115,8 +116,13 @@ def test_storage_set_and_single_adds_are_seen() -> None:
 def test_missing_key_and_bad_arguments() -> None:
     storage = TensorStorage(4)
     ReplayBuffer(storage).extend({"x": torch.zeros(3)})
-    with pytest.raises(KeyError, match="no key"):
+    try:
         EpisodeIndex(storage).sync()
+    except KeyError as err:  # a KeyError subclass, whose message prints as written
+        assert "\\" not in str(err) and str(err).startswith("the storage has no key")
+        assert "Error: the storage has no key ('next', 'done')" in repr_line(err)
+    else:
+        raise AssertionError("no KeyError")
     with pytest.raises(TypeError, match="end_key"):
         EpisodeIndex(storage, end_key=3)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="Storage"):
@@ -189,3 +195,8 @@ def test_a_checkpoint_loaded_into_the_storage_is_seen(kind: str, tmp_path: Path)
     assert episodes.bounds(torch.tensor([3]))[1].tolist() == [4]
     rb.load(tmp_path / "ckpt")
     assert episodes.bounds(torch.tensor([3]))[1].tolist() == [5]
+
+
+def repr_line(err: BaseException) -> str:
+    """The last line of ``err``'s traceback, as Python prints it."""
+    return traceback.format_exception_only(type(err), err)[-1].strip()

@@ -469,8 +469,10 @@ def test_helpful_errors() -> None:
         HindsightRelabel(store, strategy="ogbench", reward_fn=fetch_reward, discount=1.0)
     index = torch.arange(4)
     batch = store.gather(index, {"index": index})
-    with pytest.raises(KeyError, match="'index'"):
+    with pytest.raises(KeyError, match="'index'") as err:
         HindsightRelabel(store, reward_fn=fetch_reward)(batch.exclude("index"))
+    assert str(err.value).startswith("HindsightRelabel needs the batch's 'index'")
+    assert "\\" not in str(err.value)  # printed as written, not repr'd with \'
     with pytest.raises(KeyError, match="no achieved goal"):
         HindsightRelabel(store, reward_fn=fetch_reward, achieved_key="goal")(batch.clone())
     with pytest.raises(KeyError, match="no desired goal"):

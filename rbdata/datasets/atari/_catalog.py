@@ -140,7 +140,7 @@ def atari_game(name: str) -> AtariGame:
         >>> atari_game("pong")
         Traceback (most recent call last):
         ...
-        KeyError: "unknown DQN Replay game 'pong'; did you mean 'Pong'?"
+        rbdata.errors.MissingKeyError: unknown DQN Replay game 'pong'; did you mean 'Pong'?
     """
     catalog = atari_catalog()
     if name in catalog:
@@ -149,7 +149,9 @@ def atari_game(name: str) -> AtariGame:
     close = [lower[name.lower()]] if name.lower() in lower else []
     close = close or difflib.get_close_matches(name, list(catalog), n=3, cutoff=0.6)
     hint = f"did you mean {', '.join(map(repr, close))}?" if close else "see `rbdata datasets list`"
-    raise KeyError(f"unknown DQN Replay game {name!r}; {hint}")
+    from rbdata.errors import MissingKeyError  # here: the catalog imports the stdlib only
+
+    raise MissingKeyError(f"unknown DQN Replay game {name!r}; {hint}")
 
 
 def checkpoint_spec(checkpoints: Iterable[int]) -> str:

@@ -35,6 +35,7 @@ from tensordict import NonTensorStack
 from rbdata._core.files import open_nofollow
 from rbdata._core.layout import STRING, TENSOR, Key, Leaf
 from rbdata._core.native import voidptr as _nb_voidptr
+from rbdata.errors import MissingKeyError
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.arrow._checks import TORCH_TO_NUMPY, check_batch, check_views, chunk_file
 from rbdata.storages.arrow._items import (
@@ -423,7 +424,7 @@ class ChunkCache:
         """The rows below ``length`` of leaf ``key`` in chunk ``k`` (``ArrowStorage.column``)."""
         columns = self.columns
         if columns is None or key not in columns.layout.keys:
-            raise KeyError(f"no key {key!r} in this storage")
+            raise MissingKeyError(f"no key {key!r} in this storage")
         c = self.chunks.get(k) if isinstance(k, int) else None
         if c is None:
             raise IndexError(f"chunk {k} holds no rows")
