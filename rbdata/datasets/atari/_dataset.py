@@ -90,7 +90,7 @@ class AtariDQN(OfflineDataset):
         >>> AtariDQN("pong")
         Traceback (most recent call last):
         ...
-        KeyError: "unknown DQN Replay game 'pong'; did you mean 'Pong'?"
+        rbdata.errors.MissingKeyError: unknown DQN Replay game 'pong'; did you mean 'Pong'?
     """
 
     def __init__(
