@@ -22,7 +22,7 @@ import numpy as np
 
 from rbdata._core.native import voidptr
 
-__all__ = ["acquire", "admit_kernel", "admit_raw", "plan", "release", "settle"]
+__all__ = ["acquire", "admit_kernel", "admit_raw", "plan", "plan_one", "release", "settle"]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -63,9 +63,8 @@ def plan(
     slots, positions ``0..n_kept-1`` then, at ``last`` (``-1``: none), the last step's.
     ``rows[k]`` gets the ``k``-th new frame (``[2 * n * S, words]``). Returns the count.
     """
-    n, s = obs.shape[0], obs.shape[1]
     new = 0
-    for j in range(n):
+    for j in range(obs.shape[0]):
         found = False
         if j > 0 and _same_stack(obs[j], nxt[j - 1]):
             refs[j, 0, :] = refs[j - 1, 1, :]
@@ -77,22 +76,59 @@ def plan(
             refs[0, 0, :] = kept_refs[last]
             found = True
         if not found:
-            for k in range(s):
-                if k > 0 and _same(obs[j, k], obs[j, k - 1]):
-                    refs[j, 0, k] = refs[j, 0, k - 1]
-                else:
-                    refs[j, 0, k] = -1 - new
-                    rows[new] = obs[j, k]
-                    new += 1
-        for k in range(s):
-            if k + 1 < s and _same(nxt[j, k], obs[j, k + 1]):
-                refs[j, 1, k] = refs[j, 0, k + 1]
-            elif k > 0 and _same(nxt[j, k], nxt[j, k - 1]):
-                refs[j, 1, k] = refs[j, 1, k - 1]
-            else:
-                refs[j, 1, k] = -1 - new
-                rows[new] = nxt[j, k]
-                new += 1
+            new = _new_obs(obs[j], refs[j, 0], rows, new)
+        new = _next_refs(obs[j], nxt[j], refs[j], rows, new)
+    return new
+
+
+@numba.njit(nogil=True, cache=True)
+def plan_one(obs: Any, nxt: Any, frames: Any, kept_refs: Any, n_kept: int, refs: Any,
+             rows: Any) -> int:  # fmt: skip
+    """:func:`plan` of one step of one stream (no last step) whose pool holds raw frames.
+
+    The pinned stack is compared where its frames are stored, ``frames[kept_refs[0]]`` (the
+    pin keeps those slots from being freed or reused), rather than in the tracker's copy: the
+    frames the previous step stored are still in cache, ~1 us a step.
+    """
+    s = obs.shape[1]
+    k = 0
+    if n_kept > 0:
+        while k < s and _same(obs[0, k], frames[kept_refs[0, k]]):
+            k += 1
+    if n_kept > 0 and k == s:
+        refs[0, 0, :] = kept_refs[0]
+        new = 0
+    else:
+        new = _new_obs(obs[0], refs[0, 0], rows, 0)
+    return _next_refs(obs[0], nxt[0], refs[0], rows, new)
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _new_obs(obs: Any, refs: Any, rows: Any, new: int) -> int:
+    """Refs ``[S]`` of an observation stack found nowhere: its frames, a repeat stored once."""
+    for k in range(obs.shape[0]):
+        if k > 0 and _same(obs[k], obs[k - 1]):
+            refs[k] = refs[k - 1]
+        else:
+            refs[k] = -1 - new
+            rows[new] = obs[k]
+            new += 1
+    return new
+
+
+@numba.njit(nogil=True, cache=True, inline="always")
+def _next_refs(obs: Any, nxt: Any, refs: Any, rows: Any, new: int) -> int:
+    """Refs ``refs[1]`` of a next stack: the observation's frames shifted, else new frames."""
+    s = obs.shape[0]
+    for k in range(s):
+        if k + 1 < s and _same(nxt[k], obs[k + 1]):
+            refs[1, k] = refs[0, k + 1]
+        elif k > 0 and _same(nxt[k], nxt[k - 1]):
+            refs[1, k] = refs[1, k - 1]
+        else:
+            refs[1, k] = -1 - new
+            rows[new] = nxt[k]
+            new += 1
     return new
 
 
@@ -212,7 +248,7 @@ def admit_raw(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, 
     nothing changed (the pool must grow first: the general path does it).
     """
     obs, nxt, refs, old = _words(step, kept)
-    new = plan(obs, nxt, kept, kept_refs, kept_count, -1, refs, rows)
+    new = plan_one(obs, nxt, frames, kept_refs, kept_count, refs, rows)
     if not _room(count, nfree, high, new):
         return -1, nfree, nfree, high
     fresh = np.empty(new, np.int64)

@@ -275,6 +275,39 @@ def test_per_step_adds_of_any_array_kind_read_back_exact(codec) -> None:
 
 
 @pytest.mark.parametrize("codec", CODECS)
+def test_per_step_adds_of_near_continuations_read_back_exact(codec) -> None:
+    """A stack equal to the previous next observation but for one frame is not the pinned one.
+
+    The per-step kernel recognises a continuing stack by comparing it with the pinned next
+    observation, frame by frame; every position of the altered frame (first to last), a frame
+    altered in one pixel only, exact repeats and fresh stacks are mixed at random.
+    """
+    rng = np.random.default_rng(7)
+    stack, frame = 4, (6, 5)
+    storage, ref = FrameStackStorage(30, stack, codec=codec), TensorStorage(30)
+    rb, rb_ref = ReplayBuffer(storage), ReplayBuffer(ref)
+    nxt = rng.integers(0, 4, (stack, *frame), dtype=np.uint8)
+    for t in range(200):
+        obs = nxt.copy()
+        kind = rng.integers(4)
+        if kind == 1:  # one frame differs, in one pixel: at any position of the stack
+            k, y, x = rng.integers(stack), rng.integers(frame[0]), rng.integers(frame[1])
+            obs[k, y, x] ^= 1
+        elif kind == 2:  # a fresh stack (an episode start of another stream)
+            obs = rng.integers(0, 4, (stack, *frame), dtype=np.uint8)
+        new = rng.integers(0, 4, (1, *frame), dtype=np.uint8)
+        nxt = np.concatenate([obs[1:], new])
+        rb.add({"observation": obs, "next": {"observation": nxt}})
+        rb_ref.add(
+            {"observation": torch.from_numpy(obs), "next": {"observation": torch.from_numpy(nxt)}}
+        )
+        if t % 37 == 0:
+            assert_same(storage, ref)
+    assert_same(storage, ref)
+    assert_no_leak(storage)
+
+
+@pytest.mark.parametrize("codec", CODECS)
 def test_a_step_whose_write_fails_keeps_the_step_it_would_overwrite(codec) -> None:
     """The per-step kernel drops the overwritten step's frames; a failed write takes them back."""
     capacity = 40
