@@ -373,6 +373,12 @@ class ReplayBuffer:
         TensorDict (or dict) batch alone, ``rb.update_priority(batch)`` reads its ``"index"``
         and its ``priority_key`` entry (torchrl's ``update_tensordict_priority``). A
         plain-tensor batch has no ``"index"``: take it from ``sample(return_info=True)``.
+
+        Raises:
+            TypeError: the sampler has no priorities.
+            ~rbdata.errors.IndexOutOfRangeError: an index outside the filled items (an
+                ``IndexError`` and a ``ValueError``, as :class:`~rbdata.MixedBuffer` raises it).
+            ValueError: a NaN, infinite or negative priority (nothing is changed).
         """
         update = self._update_priority
         if update is None:

@@ -12,6 +12,7 @@ __all__ = [
     "ChecksumError",
     "DownloadError",
     "EmptyBufferError",
+    "IndexOutOfRangeError",
     "MissingExtraError",
     "MissingKeyError",
     "ReadOnlyError",
@@ -21,6 +22,21 @@ __all__ = [
 
 class CheckpointError(ValueError):
     """Raised when a checkpoint directory is missing, incomplete, tampered with or foreign."""
+
+
+class IndexOutOfRangeError(IndexError, ValueError):
+    """Raised for an index outside the items a buffer, a mixture or a sampler holds.
+
+    Both an ``IndexError`` (as ``rb[index]`` and ``mixed[index]`` raise it) and a
+    ``ValueError`` (as ``update_priority`` refused a bad index before): ``except IndexError``
+    and ``except ValueError`` both catch it, from :class:`~rbdata.ReplayBuffer`,
+    :class:`~rbdata.MixedBuffer` and every prioritized sampler alike.
+
+    Examples:
+        >>> err = IndexOutOfRangeError("index: 7 is outside the filled range [0, 3)")
+        >>> isinstance(err, IndexError), isinstance(err, ValueError)
+        (True, True)
+    """
 
 
 class EmptyBufferError(RuntimeError):

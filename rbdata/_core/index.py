@@ -10,6 +10,7 @@ import numpy as np
 import torch
 
 from rbdata._core.shown import shown
+from rbdata.errors import IndexOutOfRangeError
 
 __all__ = [
     "IndexBatch",
@@ -42,7 +43,7 @@ def normalize_int(index: int, length: int, what: str = "storage", measure: str =
     """
     if -length <= index < length:
         return index + length if index < 0 else index
-    raise IndexError(f"index {index} is out of range for a {what} of {measure} {length}")
+    raise IndexOutOfRangeError(f"index {index} is out of range for a {what} of {measure} {length}")
 
 
 def as_int_index(index: Any) -> int | None:
@@ -77,7 +78,7 @@ def _out_of_range(bad: int, length: int, what: str, measure: str, base: int) -> 
     message = f"index {bad} is out of range for a {what} of {measure} {length}"
     if base != length and bad < 0:
         message += f" (negative indices count from the length, {base})"
-    return IndexError(message)
+    return IndexOutOfRangeError(message)
 
 
 def _check_range_np(arr: np.ndarray, length: int, what: str, measure: str, base: int) -> np.ndarray:

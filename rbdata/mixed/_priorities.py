@@ -9,6 +9,7 @@ import numpy as np
 import torch
 
 from rbdata._core.index import as_index_tensor
+from rbdata.errors import IndexOutOfRangeError
 from rbdata.mixed._sources import Source
 
 __all__ = ["as_priorities", "route_priorities", "split_index"]
@@ -29,7 +30,7 @@ def split_index(
             index, total, "mixture", "combined capacity", negative_base=0, name=what
         )
     except IndexError as err:
-        raise IndexError(
+        raise IndexOutOfRangeError(
             f"{what}: combined indices are in [0, {total}) (the sum of the sources' "
             f"capacities); {err}"
         ) from None
@@ -97,7 +98,7 @@ def route_priorities(
         filled = len(source)
         high = int(local.max())
         if high >= filled:
-            raise IndexError(
+            raise IndexOutOfRangeError(
                 f"index {high + source.offset} is row {high} of source {source.name!r}, which "
                 f"holds {filled} items"
             )

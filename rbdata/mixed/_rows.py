@@ -24,6 +24,7 @@ import torch
 
 from rbdata._core.layout import Layout
 from rbdata._core.native import voidptr
+from rbdata.errors import IndexOutOfRangeError
 
 __all__ = ["RowGather", "gather_reference", "gather_rows"]
 
@@ -152,7 +153,9 @@ def _run(
         for idx, rows, _, _ in sources:
             if bad < start + idx.shape[0]:
                 value = int(idx[bad - start])
-                raise IndexError(f"index {value} is out of range for a source of {rows} rows")
+                raise IndexOutOfRangeError(
+                    f"index {value} is out of range for a source of {rows} rows"
+                )
             start += idx.shape[0]
         raise ValueError(f"the indices hold {start} rows, the outputs {n}")
 

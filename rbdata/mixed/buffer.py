@@ -158,9 +158,9 @@ class MixedBuffer:
         ``"source"``.
 
         Raises:
-            IndexError: an index outside ``[0, len(mixed.dataset))`` (the sum of the sources'
-                capacities) or past its source's filled rows, as ``rb[index]`` raises for a
-                :class:`~rbdata.ReplayBuffer`.
+            ~rbdata.errors.IndexOutOfRangeError: an index outside ``[0, len(mixed.dataset))``
+                (the sum of the sources' capacities) or past its source's filled rows, as
+                ``rb[index]`` raises for a :class:`~rbdata.ReplayBuffer` (an ``IndexError``).
         """
         return self.dataset[index]
 
@@ -224,7 +224,9 @@ class MixedBuffer:
 
         Raises:
             TypeError: no source samples with priorities, or bad types.
-            IndexError: an index outside its source's filled rows (the source is named).
+            ~rbdata.errors.IndexOutOfRangeError: an index outside its source's filled rows
+                (the source is named); an ``IndexError`` and a ``ValueError``, as
+                ``rb.update_priority`` raises it.
             ValueError: a NaN, infinite or negative priority, or a count that is neither 1
                 nor one per index.
         """

@@ -17,6 +17,7 @@ from torch.utils.data import Dataset
 
 from rbdata._core.index import IndexBatch
 from rbdata._core.layout import Layout
+from rbdata.errors import IndexOutOfRangeError
 from rbdata.mixed._batch import assemble
 from rbdata.mixed._priorities import split_index
 from rbdata.mixed._rows import RowGather
@@ -103,7 +104,7 @@ class MixedDataset(Dataset[Any]):
             filled = len(source.storage)
             high = int(local.max())
             if high >= filled or source.columns is None:
-                raise IndexError(
+                raise IndexOutOfRangeError(
                     f"index {high + source.offset} is row {high} of source {source.name!r}, "
                     f"which holds {filled} items"
                 )

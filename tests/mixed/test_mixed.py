@@ -31,6 +31,7 @@ from rbdata import (
     TensorStorage,
     UniformSampler,
 )
+from rbdata.errors import IndexOutOfRangeError
 from rbdata.mixed import largest_remainder
 
 WEIGHT = st.one_of(st.just(0.0), st.floats(0.0, 10.0), st.integers(0, 5))
@@ -499,3 +500,26 @@ def test_priorities_computed_with_grad_route_without_a_warning() -> None:
         mixed.update_priority(torch.tensor([1, 11]), td[0])
         mixed.update_priority(torch.tensor([2, 14]), list(td[:2]))  # raised before
     assert mixed.samplers["b"].priority_values(torch.tensor([4])).item() > 0
+
+
+def test_an_index_out_of_range_is_one_error_from_buffer_mixture_and_sampler() -> None:
+    """rb[i], rb.update_priority, mixed[i] and mixed.update_priority raise one class.
+
+    It is an IndexError (as indexing raises) and a ValueError (as update_priority raised).
+    """
+    a = prioritized_buffer(16, 10, 0, seed=1)
+    mixed = MixedBuffer({"a": a, "c": prioritized_buffer(16, 4, 100, seed=2)}, {"a": 1, "c": 1})
+    calls = [
+        lambda: a[10],
+        lambda: a.update_priority([3, 10], [1.0, 1.0]),
+        lambda: mixed[32],
+        lambda: mixed[[0, 16 + 4]],
+        lambda: mixed.update_priority([0, 16 + 4], [1.0, 2.0]),
+        lambda: mixed.update_priority([0, 32], [1.0, 2.0]),
+    ]
+    before = a.sampler.priority_values()
+    for call in calls:
+        with pytest.raises(IndexOutOfRangeError) as caught:
+            call()
+        assert isinstance(caught.value, IndexError) and isinstance(caught.value, ValueError)
+        assert torch.equal(a.sampler.priority_values(), before)

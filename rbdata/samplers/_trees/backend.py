@@ -26,6 +26,7 @@ from typing import Any, Protocol
 
 import torch
 
+from rbdata.errors import IndexOutOfRangeError
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees import torch_ops as _torch_tree
 
@@ -38,6 +39,7 @@ __all__ = [
     "interpreting",
     "item_codes",
     "refusal",
+    "refused",
     "restored_trees",
     "values_of",
 ]
@@ -92,6 +94,17 @@ class TreeSpec:
             return float((p + self.eps) ** self.alpha)
         except OverflowError:
             return math.inf
+
+
+def refused(spec: TreeSpec, code: int, index: int, priority: float, filled: int) -> ValueError:
+    """The exception of refusal ``code`` (see :func:`refusal`), to raise.
+
+    An index outside the filled range is an :class:`~rbdata.errors.IndexOutOfRangeError`
+    (an ``IndexError`` and a ``ValueError``), as ``rb[index]`` and a mixture raise it; the
+    other refusals are ``ValueError``.
+    """
+    message = refusal(spec, code, index, priority, filled)
+    return IndexOutOfRangeError(message) if code == 1 else ValueError(message)
 
 
 def refusal(spec: TreeSpec, code: int, index: int, priority: float, filled: int) -> str:
@@ -191,7 +204,7 @@ def check_update(
     bad = code != 0
     if bool(bad.any()):
         first = int(bad.to(torch.uint8).argmax())
-        raise ValueError(refusal(spec, int(code[first]), int(idx[first]), float(p[first]), filled))
+        raise refused(spec, int(code[first]), int(idx[first]), float(p[first]), filled)
     values = values_of(p, spec)
     total = float(sum_tree[_sumtree.ROOT])
     bound = total + float(values.sum())

@@ -14,7 +14,7 @@ from rbdata.samplers._priority_input import (
     index_and_priority,
 )
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import TreeSpec, check_new_exact, check_update, refusal
+from rbdata.samplers._trees.backend import TreeSpec, check_new_exact, check_update, refused
 from rbdata.samplers._trees.numba_kernels import (
     _nb_draw_at,
     _nb_set_one,
@@ -92,7 +92,7 @@ class CpuTrees:
             )
             if code:
                 bad = int(index.view(-1)[pos]), float(priority.view(-1)[pos])
-                raise ValueError(refusal(self.spec, code, *bad, filled))
+                raise refused(self.spec, code, *bad, filled)
             if top > self._max:
                 self._max = top
             return
@@ -112,7 +112,7 @@ class CpuTrees:
             self._pmax,
         )
         if code:
-            raise ValueError(refusal(self.spec, code, int(idx[pos]), float(prio[pos]), filled))
+            raise refused(self.spec, code, int(idx[pos]), float(prio[pos]), filled)
         if top > self._max:
             self._max = top
 
@@ -130,7 +130,7 @@ class CpuTrees:
                 self._eps, self._alpha, self._vmax, self._pmax,
             )  # fmt: skip
             if code:
-                raise ValueError(refusal(self.spec, code, index, float(p), filled))
+                raise refused(self.spec, code, index, float(p), filled)
             if top > self._max:
                 self._max = top
             return

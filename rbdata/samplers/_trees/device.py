@@ -33,6 +33,7 @@ from rbdata.samplers._trees.backend import (
     interpreting,
     item_codes,
     refusal,
+    refused,
     values_of,
 )
 
@@ -144,7 +145,7 @@ class DeviceTrees:
         if idx.shape[0] == 0:
             return
         if filled == 0:  # no slot to update: refused here, a wait on the error path only
-            raise ValueError(refusal(self.spec, 1, int(idx[0]), 0.0, filled))
+            raise refused(self.spec, 1, int(idx[0]), 0.0, filled)
         self._update(idx, prio, filled)
 
     def check(self, index: Any, priority: Any, filled: int) -> None:
