@@ -378,3 +378,20 @@ def test_nodes_batches_are_the_buffers_samples(prioritized: Any) -> None:
         for key in want.keys(True, True):
             assert torch.equal(batch[key], want[key])
         assert not bool((batch["learning_mask"] & ~batch["validity_mask"]).any())
+
+
+@pytest.mark.parametrize("prioritized", [None, (0.6, 0.4)])
+def test_checkpoint_round_trip_continues_the_draws(tmp_path: Any, prioritized: Any) -> None:
+    ring = Ring(32, 57, seed=12)
+    rb, sampler = _buffer(ring, (2, 2, 1, 1), "stop", seed=4, prioritized=prioritized)
+    if prioritized:
+        rb.update_priority(torch.arange(len(rb)), torch.arange(len(rb)) % 3 + 0.5)
+    rb.sample(2 * sampler.window)
+    rb.dumps(tmp_path / "ckpt")
+    again = ReplayBuffer.loads(tmp_path / "ckpt")
+    assert isinstance(again.sampler, SequenceSampler)
+    assert again.sampler.config() == sampler.config()
+    for _ in range(3):
+        want, got = rb.sample(4 * sampler.window), again.sample(4 * sampler.window)
+        for key in want.keys(True, True):
+            assert torch.equal(got[key], want[key]), key
