@@ -177,7 +177,7 @@ class SequenceSampler(SliceSampler):
 
     @property
     def window(self) -> int:
-        """Rows per window: ``burn_in + length + bootstrap``."""
+        """The number of rows in a window, ``burn_in + length + bootstrap``."""
         return self.burn_in + self.length + self.bootstrap
 
     # --- the anchor tree ------------------------------------------------------------------
