@@ -303,10 +303,9 @@ class SequenceSampler(SliceSampler):
             r = torch.randint(total, (count,), generator=self.generator).numpy()
             times = r + shift.numpy()[np.searchsorted(cumsum.numpy(), r, side="right")]
         else:
-            span = self._span
-            slots, info = self._anchors.draw(count * span)
-            times = self._times(slots[::span].numpy())
-            extras["weight"] = info["weight"][::span].repeat_interleave(width)
+            slots, weight = self._anchors.draw_starts(count)
+            times = self._times(slots.numpy())
+            extras["weight"] = weight.unsqueeze(1).expand(count, width).reshape(-1)
         index, valid, learn = self._windows(times)
         extras.update(slice=self._slice_ids(count, width), validity_mask=valid, learning_mask=learn)
         return index, extras

@@ -396,7 +396,7 @@ def _sequences_at(n: int, cfg: Config, rep: Report) -> None:
     size = _size(n)
     rep.ratio(f"N={size}: rb.sample({bs}), uniform anchors", t["sample"], t["floor"], 2.5)
     rep.info(f"  N={size}: sampler.draw({bs}) (vs the draw floor)", t["draw"], t["floor_draw"])
-    rep.ratio(f"N={size}: rb.sample({bs}), prioritized + weight", t["psample"], t["floor"], 4.0)
+    rep.ratio(f"N={size}: rb.sample({bs}), prioritized + weight", t["psample"], t["floor"], 3.0)
     rep.info(f"  N={size}: SliceSampler(slice_len={width}) sample", t["slice"], t["floor"])
 
 
