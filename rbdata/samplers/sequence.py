@@ -19,12 +19,20 @@ import numpy as np
 import torch
 
 from rbdata._core.shown import shown
+from rbdata._core.torchrl_names import torchrl_keywords
 from rbdata.samplers import _sequences
 from rbdata.samplers._priority_input import device_index_and_priority
 from rbdata.samplers.prioritized_slice import PrioritizedSliceSampler
 from rbdata.samplers.slice import SliceSampler
 
 __all__ = ["SequenceSampler"]
+
+#: torchrl 0.15 ``Sequence(...)`` keywords spelled otherwise here
+_TORCHRL_KEYWORDS = {
+    "episode_boundary": "use `boundary=` ('pad', 'stop' or 'cross')",
+    "slice_len": "a window is `burn_in + length + bootstrap` rows: use `length=`",
+    "num_slices": "the batch size counts rows: rb.sample(B * sampler.window) draws B windows",
+}
 
 
 def _count(value: Any, name: str, low: int) -> int:
@@ -130,6 +138,7 @@ class SequenceSampler(SliceSampler):
         (torch.Size([4, 6]), [3, 3, 3, 3])
     """
 
+    @torchrl_keywords(_TORCHRL_KEYWORDS)
     def __init__(
         self,
         data_source: Sized | None = None,

@@ -301,6 +301,8 @@ def test_bad_arguments_name_themselves(kwargs: dict[str, Any], name: str) -> Non
 def test_bad_calls_are_refused() -> None:
     with pytest.raises(TypeError, match="length=4"):
         SequenceSampler(4)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="boundary="):
+        SequenceSampler(length=4, episode_boundary="pad")  # type: ignore[call-arg]
     ring = Ring(30, 20, seed=1)
     rb, sampler = _buffer(ring, (1, 2, 0, 1), "stop")
     with pytest.raises(ValueError, match="multiple of the window"):
@@ -395,3 +397,21 @@ def test_checkpoint_round_trip_continues_the_draws(tmp_path: Any, prioritized: A
         want, got = rb.sample(4 * sampler.window), again.sample(4 * sampler.window)
         for key in want.keys(True, True):
             assert torch.equal(got[key], want[key]), key
+
+
+@pytest.mark.parametrize("prioritized", [None, (0.6, 0.4)])
+def test_empty_forgets_the_episodes_and_priorities(prioritized: Any) -> None:
+    ring = Ring(40, 33, seed=3)
+    rb, sampler = _buffer(ring, (1, 3, 1, 1), "stop", prioritized=prioritized)
+    if prioritized:
+        rb.update_priority(torch.arange(len(rb)), 5.0)
+    rb.empty()
+    fresh = Ring(40, 21, seed=17)
+    fresh.extend(rb)
+    assert _times_of(rb, sampler.anchors()) == fresh.anchors((1, 3, 1, 1), "stop")
+    batch = rb.sample(8 * sampler.window).reshape(8, -1)
+    for row in batch.unbind(0):
+        times, valid, _ = fresh.window(int(row["t"][1]), (1, 3, 1, 1), "stop")
+        assert row["t"].tolist() == times and row["validity_mask"].tolist() == valid
+    if prioritized:
+        assert sampler.priorities(torch.arange(21)).tolist() == [1.0] * 21
