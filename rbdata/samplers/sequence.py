@@ -282,7 +282,7 @@ class SequenceSampler(SliceSampler):
         """
         self._ready()
         slots = torch.as_tensor(anchor)
-        if slots.dtype in (torch.bool, torch.float16, torch.float32, torch.float64):
+        if slots.dtype is torch.bool or slots.is_floating_point() or slots.is_complex():
             raise TypeError(f"anchor: expected integer slots, got dtype {slots.dtype}")
         slots = slots.reshape(-1).long()
         valid = torch.zeros(max(len(self.data_source), 1), dtype=torch.bool)  # type: ignore[arg-type]

@@ -312,6 +312,8 @@ def test_bad_calls_are_refused() -> None:
         sampler.windows([not_anchor])
     with pytest.raises(ValueError, match="not a valid anchor"):
         sampler.windows([25])  # an unwritten slot
+    with pytest.raises(TypeError, match="anchor"):
+        sampler.windows(torch.tensor([1.0]))
     long_rb, _ = _buffer(ring, (0, 12, 0, 1), "stop")
     with pytest.raises(ValueError, match="no episode in the buffer has the 12 steps"):
         long_rb.sample(12)
@@ -415,3 +417,27 @@ def test_empty_forgets_the_episodes_and_priorities(prioritized: Any) -> None:
         assert row["t"].tolist() == times and row["validity_mask"].tolist() == valid
     if prioritized:
         assert sampler.priorities(torch.arange(21)).tolist() == [1.0] * 21
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("prioritized", [None, (0.6, 0.4)])
+def test_cuda_storage_draws_as_a_cpu_one(prioritized: Any) -> None:
+    ring = Ring(32, 45, seed=21)
+    rbs = []
+    for device in ("cpu", "cuda"):
+        sampler = SequenceSampler(
+            length=3,
+            burn_in=2,
+            bootstrap=1,
+            prioritized=prioritized,
+            generator=torch.Generator().manual_seed(5),
+        )
+        rb = ReplayBuffer(TensorStorage(32, device=device), sampler=sampler)
+        ring.extend(rb)
+        rbs.append(rb)
+    for _ in range(3):
+        want, got = (rb.sample(4 * 6) for rb in rbs)
+        assert got["t"].device.type == "cuda"
+        for key in ("t", "index", "validity_mask", "learning_mask"):
+            assert torch.equal(got[key].cpu(), want[key]), key
