@@ -3,6 +3,7 @@
 from rbdata.samplers.base import BatchSampler, Sampler
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.samplers.prioritized_slice import PrioritizedSliceSampler
+from rbdata.samplers.sequence import SequenceSampler
 from rbdata.samplers.slice import SliceSampler
 from rbdata.samplers.slice_without_replacement import SliceSamplerWithoutReplacement
 from rbdata.samplers.uniform import UniformSampler
@@ -14,6 +15,7 @@ __all__ = [
     "PrioritizedSliceSampler",
     "Sampler",
     "SamplerWithoutReplacement",
+    "SequenceSampler",
     "SliceSampler",
     "SliceSamplerWithoutReplacement",
     "UniformSampler",

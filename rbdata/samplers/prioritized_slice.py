@@ -325,9 +325,7 @@ class PrioritizedSliceSampler(SliceSampler):
         )
 
     # --- sampling -----------------------------------------------------------------------
-    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        """Draw ``num_slices`` slices by start priority: flat items, ``"weight"`` per item."""
-        num_slices, length = self._shape(batch_size)
+    def _starts(self, num_slices: int, length: int) -> tuple[torch.Tensor, torch.Tensor]:
         self._length()  # bound and non-empty
         self._ensure(length)
         if not self._count:
@@ -335,7 +333,22 @@ class PrioritizedSliceSampler(SliceSampler):
                 f"PrioritizedSliceSampler: no episode in the buffer has {length} steps "
                 "(use strict_length=False to sample shorter ones)"
             )
-        starts, weight = self._trees.draw(num_slices, self.generator, self.beta, self.stratified)
+        return self._trees.draw(num_slices, self.generator, self.beta, self.stratified)
+
+    def draw_starts(self, num_slices: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The start slots of ``num_slices`` slices drawn by priority, and their weights.
+
+        For implementers (:class:`~rbdata.samplers.SequenceSampler` draws its anchors so):
+        the draw of :meth:`draw` for slices of ``slice_len`` steps, without the items.
+        """
+        if self.slice_len is None:
+            raise ValueError("draw_starts needs a sampler built with slice_len")
+        return self._starts(num_slices, self.slice_len)
+
+    def draw(self, batch_size: int) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        """Draw ``num_slices`` slices by start priority: flat items, ``"weight"`` per item."""
+        num_slices, length = self._shape(batch_size)
+        starts, weight = self._starts(num_slices, length)
         steps = torch.arange(length, device=starts.device)
         extras = {"slice": self._slice_ids(num_slices, length).to(starts.device)}
         if self.strict_length:

@@ -29,6 +29,7 @@ from rbdata import (
     PrioritizedSampler,
     PrioritizedSliceSampler,
     ReplayBuffer,
+    SequenceSampler,
     SliceSampler,
     TensorStorage,
 )
@@ -345,10 +346,81 @@ def bench_prioritized_slices(cfg: Config, rep: Report) -> None:
         rep.note(f"N={_size(FULL_SIZES[-1])} skipped in --quick")
 
 
+# --- 4. sequences ---------------------------------------------------------------------------
+SEQ_BURN_IN, SEQ_LENGTH, SEQ_BOOTSTRAP, SEQ_BATCH = 8, 16, 1, 32
+
+
+def _sequences_at(n: int, cfg: Config, rep: Report) -> None:
+    """Time SequenceSampler draws and samples from a full buffer of ``n`` steps."""
+    width = SEQ_BURN_IN + SEQ_LENGTH + SEQ_BOOTSTRAP
+    obs, done = _episodes(n, EP_LEN)
+    episodes = n // EP_LEN
+    g = torch.Generator().manual_seed(0)
+    shape = {"burn_in": SEQ_BURN_IN, "bootstrap": SEQ_BOOTSTRAP}
+    buffers = {}
+    for name, prioritized in (("uniform", None), ("prioritized", (0.6, 0.4))):
+        sampler = SequenceSampler(length=SEQ_LENGTH, prioritized=prioritized, generator=g, **shape)
+        rb = ReplayBuffer(TensorStorage(n), sampler=sampler)
+        for start in range(0, n, FILL_CHUNK):
+            rb.extend(_td(obs[start : start + FILL_CHUNK], done[start : start + FILL_CHUNK]))
+        buffers[name] = rb
+    p = torch.rand(n, generator=g, dtype=torch.float64)
+    buffers["prioritized"].update_priority(torch.arange(n), p)
+    slices = ReplayBuffer(TensorStorage(n), sampler=SliceSampler(slice_len=width))
+    for start in range(0, n, FILL_CHUNK):
+        slices.extend(_td(obs[start : start + FILL_CHUNK], done[start : start + FILL_CHUNK]))
+    arange = torch.arange(width)
+    bs = SEQ_BATCH * width
+
+    def floor_draw() -> torch.Tensor:  # windows inside one episode, no masks, no index
+        ep = torch.randint(episodes, (SEQ_BATCH,), generator=g)
+        off = torch.randint(EP_LEN - width + 1, (SEQ_BATCH,), generator=g)
+        return ((ep * EP_LEN + off).unsqueeze(1) + arange).reshape(-1)
+
+    def floor() -> tuple[torch.Tensor, torch.Tensor]:
+        idx = floor_draw()
+        return obs.index_select(0, idx), done.index_select(0, idx)
+
+    uniform, prio = buffers["uniform"], buffers["prioritized"]
+    t = measure(
+        {
+            "sample": lambda: uniform.sample(bs),
+            "draw": lambda: uniform.sampler.draw(bs),
+            "psample": lambda: prio.sample(bs),
+            "slice": lambda: slices.sample(bs),
+            "floor": floor,
+            "floor_draw": floor_draw,
+        },
+        cfg,
+    )
+    size = _size(n)
+    rep.ratio(f"N={size}: rb.sample({bs}), uniform anchors", t["sample"], t["floor"], 2.5)
+    rep.info(f"  N={size}: sampler.draw({bs}) (vs the draw floor)", t["draw"], t["floor_draw"])
+    rep.ratio(f"N={size}: rb.sample({bs}), prioritized + weight", t["psample"], t["floor"], 3.0)
+    rep.info(f"  N={size}: SliceSampler(slice_len={width}) sample", t["slice"], t["floor"])
+
+
+def bench_sequences(cfg: Config, rep: Report) -> None:
+    width = SEQ_BURN_IN + SEQ_LENGTH + SEQ_BOOTSTRAP
+    n = 100_000 if cfg is _timing.QUICK else 1_000_000
+    rep.section(
+        f"4. SequenceSampler(length={SEQ_LENGTH}, burn_in={SEQ_BURN_IN}, bootstrap="
+        f"{SEQ_BOOTSTRAP}): {SEQ_BATCH} windows x {width} rows with validity/learning masks; "
+        f"observation 4 floats + ('next', 'done'); {EP_LEN}-step episodes",
+        f"randint(#episodes) + randint({EP_LEN} - {width} + 1) offset + arange({width}) + "
+        "index_select on the 2 plain tensors (no masks); draw floor: the indices alone",
+    )
+    _sequences_at(n, cfg, rep)
+    free()
+    if cfg is _timing.QUICK:
+        rep.note("N=1M in the full run; --quick uses N=100k")
+
+
 WORKLOADS: list[Callable[[Config, Report], None]] = [
     bench_prioritized,
     bench_slices,
     bench_prioritized_slices,
+    bench_sequences,
 ]
 
 
