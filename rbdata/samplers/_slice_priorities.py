@@ -22,11 +22,13 @@ from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 
 from rbdata._core.shown import shown
 from rbdata.samplers._prioritized_checks import check_state_capacity
-from rbdata.samplers._priority_input import device_index_and_priority
+from rbdata.samplers._priority_input import device_index_and_priority, index_and_priority
+from rbdata.samplers._slice_kernels import AGGREGATES, _nb_update_items
 from rbdata.samplers._trees import sumtree as _sumtree
 from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, item_codes, refusal, values_of
 from rbdata.samplers._trees.cpu import CpuTrees
@@ -128,7 +130,12 @@ def slice_priority_of(
     steps = torch.arange(length, device=starts.device)
     items = (starts.unsqueeze(1) + steps).remainder_(prio.shape[0])
     p = prio[items].masked_fill_(steps >= real, 0.0)  # priorities are >= 0
-    return p.amax(1) if how == "max" else p.sum(1) / real.squeeze(1)
+    if how == "max":
+        return p.amax(1)
+    total = p[:, 0].clone()
+    for j in range(1, length):  # a sequential sum, as the CPU kernel adds
+        total += p[:, j]
+    return total / real.squeeze(1)
 
 
 def trees_of(leaves: torch.Tensor, spec: TreeSpec) -> tuple[torch.Tensor, torch.Tensor]:
@@ -200,6 +207,7 @@ class ItemPriorities:
         self.prio = torch.zeros(spec.capacity, dtype=torch.float64, device=device)
         #: the highest priority seen so far (a 0-d device tensor: no host wait)
         self.max_p = torch.full((), initial_max, dtype=torch.float64, device=device)
+        self._mark: np.ndarray | None = None  # the CPU kernel's scratch, made at first use
 
     def to(self, device: torch.device) -> None:
         """Move the priorities to ``device``."""
@@ -235,6 +243,13 @@ class ItemPriorities:
             starts = torch.arange(lo, min(lo + step, capacity), device=self.prio.device)
             out[lo : lo + step] = self.masses(starts, span, length)
         return out
+
+    def _marks(self) -> np.ndarray:
+        """The CPU kernel's scratch: one byte per slot, all 0 between calls."""
+        mark = self._mark
+        if mark is None:
+            mark = self._mark = np.zeros(self.spec.capacity, np.uint8)
+        return mark
 
     def _input(self, index: Any, priority: Any) -> tuple[torch.Tensor, torch.Tensor]:
         idx, p = device_index_and_priority(index, priority, self.prio.device)
@@ -277,33 +292,58 @@ class ItemPriorities:
         refused on the device (priorities and trees keep their values) and reported by a
         later call, as for :class:`~rbdata.samplers.PrioritizedSampler`.
         """
-        idx, p = self._input(index, priority)
-        if idx.shape[0] == 0:
-            return
         if isinstance(trees, CpuTrees):
-            self._update_host(trees, span, idx, p, filled, length)
-        else:
+            self._update_host(trees, span, index, priority, filled, length)
+            return
+        idx, p = self._input(index, priority)
+        if idx.shape[0]:
             self._update_device(trees, span, idx, p, filled, length)
 
     def _update_host(
         self,
         trees: TreeBackend,
         span: torch.Tensor,
-        idx: torch.Tensor,
-        p: torch.Tensor,
+        index: Any,
+        priority: Any,
         filled: int,
         length: int,
     ) -> None:
-        _refuse_on_host(self.spec, idx, p, filled)
-        old = self.prio[idx]
-        self.prio[idx] = last_wins(idx, p)
-        starts = covering_starts(idx, length, self.how, self.spec.capacity, filled)
+        """One numba kernel (:mod:`._slice_kernels`) checks, writes and lists the starts."""
+        idx, p = index_and_priority(index, priority)
+        n = idx.shape[0]
+        if n == 0:
+            return
+        spec, prio = self.spec, self.prio.numpy()
+        old = np.empty(n, np.float64)
+        reach = n * length
+        starts, q = np.empty(reach, np.int64), np.empty(reach, np.float64)
+        code, pos, m = _nb_update_items(
+            prio,
+            span.numpy(),
+            idx,
+            p,
+            filled,
+            spec.eps,
+            spec.pmax,
+            length,
+            AGGREGATES[self.how],
+            old,
+            starts,
+            q,
+            self._marks(),
+        )
+        if code:
+            raise ValueError(refusal(spec, code, int(idx[pos]), float(p[pos]), filled))
+        q_t = torch.from_numpy(q[:m])
+        masses = torch.where(q_t >= 0, values_of(q_t.clamp(min=0.0), spec), 0.0)
         try:
-            trees.set(starts, self.masses(starts, span, length), filled)  # overflow: raises
+            trees.set(torch.from_numpy(starts[:m]), masses, filled)  # overflow: raises
         except ValueError:
-            self.prio[idx] = old
+            prio[idx] = old  # duplicates carry the same old value
             raise
-        self.max_p = torch.maximum(self.max_p, p.max())
+        top = float(p.max())
+        if top > float(self.max_p):
+            self.max_p = torch.full((), top, dtype=torch.float64)
 
     def _update_device(
         self,

@@ -169,7 +169,7 @@ class PrioritizedSliceSampler(SliceSampler):
 
     @property
     def slice_priority(self) -> str:
-        """How a slice's priority is taken from its items': ``"start"``, ``"max"``, ``"mean"``."""
+        """How a slice's priority is taken from its items' (``"start"``, ``"max"``, ``"mean"``)."""
         return self._items.how
 
     @property

@@ -481,6 +481,34 @@ def test_triton_kernels_match_the_numba_trees(monkeypatch: pytest.MonkeyPatch) -
     assert torch.equal(index_a, index_b) and torch.equal(extras_a["weight"], extras_b["weight"])
 
 
+@pytest.mark.parametrize("how", HOWS)
+def test_the_numba_update_matches_the_torch_path(how: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # CPU trees: one numba kernel per update; device trees: torch ops (their reference)
+    from rbdata.samplers import prioritized as prioritized_module
+
+    results = []
+    for device_path, kernels in ((False, None), (True, "torch")):
+        monkeypatch.setattr(prioritized_module, "_DEVICE_PATH_ON_CPU", device_path)
+        monkeypatch.setattr(prioritized_module, "_DEVICE_KERNELS", kernels)
+        sampler = PrioritizedSliceSampler(
+            40,
+            0.6,
+            0.4,
+            slice_len=4,
+            strict_length=False,
+            slice_priority=how,
+            generator=torch.Generator().manual_seed(5),
+        )
+        rb = ReplayBuffer(TensorStorage(40), sampler=sampler)
+        fill(rb, [7, 2, 12, 1, 9, 5, 11, 8], [25, 28])
+        for index, p in random_updates(40, 40, torch.Generator().manual_seed(8), rounds=8):
+            rb.update_priority(index, p)
+        results.append((sampler.priorities(), sampler.priority_values(), sampler.max_priority))
+    (prio_a, values_a, top_a), (prio_b, values_b, top_b) = results
+    assert torch.equal(prio_a, prio_b) and top_a == top_b
+    assert torch.equal(values_a, values_b)
+
+
 def test_checkpoint_round_trip(tmp_path: Any) -> None:
     gen = torch.Generator().manual_seed(4)
     storage = TensorStorage(30)
