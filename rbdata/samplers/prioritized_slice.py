@@ -1,11 +1,13 @@
-"""``PrioritizedSliceSampler``: slices whose start is drawn in proportion to its priority.
+"""``PrioritizedSliceSampler``: slices whose start is drawn by the priorities of their items.
 
 :class:`~rbdata.samplers.SliceSampler`'s episode index plus :class:`PrioritizedSampler`'s tree
-backend (:mod:`rbdata.samplers._trees`), one leaf per slot: the value of the slot's start
-priority at a valid start, else 0. A write re-derives validity (:mod:`._slice_starts`) only
-for the times it can change (the new steps, the ``slice_len - 1`` before them, the ring's new
-head); a draw is one tree walk per slice. The backend stores values (its ``alpha`` is 1, its
-``eps`` 0); this module applies the sampler's exponent and offset.
+backend (:mod:`rbdata.samplers._trees`), one leaf per slot: at a valid start, the value of its
+slice's priority, taken from its items' priorities (an ``ItemPriorities`` of
+:mod:`._slice_priorities` holds and updates them), else 0. A write re-derives validity
+(:mod:`._slice_starts`) only for the times it can change (the new steps, the ``slice_len - 1``
+before them, the ring's new head); a draw is one tree walk per slice. The backend stores
+values (its ``alpha`` is 1, its ``eps`` 0); the sampler's exponent and offset are applied
+before.
 """
 
 from __future__ import annotations
