@@ -311,7 +311,10 @@ class PrioritizedSliceSampler(SliceSampler):
         return prio.clone() if index is None else prio[torch.as_tensor(index)]
 
     def priority_values(self, index: Any = None) -> torch.Tensor:
-        """The tree's masses at ``index``: ``(p + eps) ** alpha`` at valid starts, else 0."""
+        """The tree's masses at ``index``: ``(q + eps) ** alpha`` at valid starts, else 0.
+
+        ``q`` is the priority of the slice starting there (``slice_priority``).
+        """
         self._trees.apply_pending()
         leaf0 = _sumtree.leaf_offset(self._trees.sum_tree)
         leaves = self._trees.sum_tree[leaf0 : leaf0 + self.capacity]
