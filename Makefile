@@ -33,6 +33,7 @@ KERNEL_TESTS := \
 	tests/samplers/test_sumtree.py \
 	tests/samplers/test_prioritized.py \
 	tests/samplers/test_slice.py \
+	tests/samplers/test_prioritized_slice.py \
 	tests/samplers/test_prioritized_checks.py \
 	tests/samplers/test_samplers_bounds.py \
 	tests/storages/arrow/test_arrow.py \

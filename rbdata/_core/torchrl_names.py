@@ -25,6 +25,7 @@ __all__ = [
     "BUFFER_KEYWORDS",
     "MEMMAP_KEYWORDS",
     "PRIORITIZED_KEYWORDS",
+    "PRIORITIZED_SLICE_KEYWORDS",
     "SLICE_KEYWORDS",
     "TENSOR_KEYWORDS",
     "WITHOUT_REPLACEMENT_KEYWORDS",
@@ -95,6 +96,15 @@ SLICE_KEYWORDS = dict.fromkeys(
     "cache_values": (
         "the episode index is always kept, updated on every write: drop `cache_values=`"
     ),
+}
+#: ``PrioritizedSliceSampler(...)``
+PRIORITIZED_SLICE_KEYWORDS = SLICE_KEYWORDS | {
+    "max_capacity": (
+        "use `capacity=` (torchrl's PrioritizedSliceSampler(max_capacity, alpha, beta, ...) is "
+        "PrioritizedSliceSampler(capacity, alpha, beta, ...), or "
+        "PrioritizedSliceSampler(storage, alpha, beta, ...))"
+    ),
+    "reduction": PRIORITIZED_KEYWORDS["reduction"],
 }
 #: ``SamplerWithoutReplacement(...)``
 WITHOUT_REPLACEMENT_KEYWORDS = {

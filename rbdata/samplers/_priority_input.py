@@ -33,18 +33,20 @@ def check_exponent(value: Any, name: str) -> float:
     return float(value)
 
 
-def capacity_and_source(first: Any, data_source: Any) -> tuple[Any, Any]:
-    """``PrioritizedSampler``'s first argument: a capacity, or the storage it reads.
+def capacity_and_source(
+    first: Any, data_source: Any, owner: str = "PrioritizedSampler"
+) -> tuple[Any, Any]:
+    """A prioritized sampler's first argument: a capacity, or the storage it reads.
 
-    Every sampler takes its storage first; the prioritized one, whose trees are sized at
-    construction, also takes a capacity there (torchrl's ``max_capacity``). A storage gives
-    both: ``(storage.capacity, storage)``.
+    Every sampler takes its storage first; the prioritized ones (``owner``), whose trees are
+    sized at construction, also take a capacity there (torchrl's ``max_capacity``). A
+    storage gives both: ``(storage.capacity, storage)``.
     """
     capacity = getattr(first, "capacity", None)
     if capacity is None or not hasattr(first, "__len__"):
         return first, data_source
     if data_source is not None and data_source is not first:
-        raise ValueError("PrioritizedSampler: the storage given first is not data_source")
+        raise ValueError(f"{owner}: the storage given first is not data_source")
     return capacity, first
 
 

@@ -292,10 +292,8 @@ def _prioritized_slices_at(n: int, cfg: Config, rep: Report) -> tuple[float, flo
     rb = ReplayBuffer(TensorStorage(n), sampler=sampler)
     for start in range(0, n, chunk):
         rb.extend(_td(obs[start : start + chunk], done[start : start + chunk]))
-    # distinct priorities: every start's own (updates of whole slices, 64k at a time)
-    starts = torch.arange(n).view(-1, ep_len)[:, : ep_len - slice_len + 1].reshape(-1)
-    for part in starts.split(65_536):
-        items = (part.unsqueeze(1) + torch.arange(slice_len)).reshape(-1)
+    # distinct priorities: every item its own (per-item updates, 64k items at a time)
+    for items in torch.arange(n).split(65_536):
         rb.update_priority(items, torch.rand(items.shape[0], generator=gen, dtype=torch.float64))
     episodes = n // ep_len
     arange = torch.arange(slice_len)
@@ -312,6 +310,13 @@ def _prioritized_slices_at(n: int, cfg: Config, rep: Report) -> tuple[float, flo
     index, td_error = batch["index"], torch.rand(bs, dtype=torch.float64)
     u = measure({"rbdata": lambda: rb.update_priority(index, td_error), "floor": floor}, cfg)
     rep.info(f"  N={_size(n)}: update_priority({bs} items)", u["rbdata"], u["floor"])
+    # slice_priority="max": each item re-derives the slice_len starts whose slices hold it
+    maxed = PrioritizedSliceSampler(
+        rb.storage, 0.6, 0.4, slice_len=slice_len, slice_priority="max", generator=g
+    )
+    ReplayBuffer(rb.storage, sampler=maxed)  # indexes the episodes already written
+    m = measure({"rbdata": lambda: maxed.update_priority(index, td_error), "floor": floor}, cfg)
+    rep.info(f"  N={_size(n)}: update_priority({bs} items), max", m["rbdata"], m["floor"])
     return t["rbdata"], t["floor"]
 
 
