@@ -30,7 +30,7 @@ from rbdata.samplers._prioritized_checks import check_state_capacity
 from rbdata.samplers._priority_input import device_index_and_priority, index_and_priority
 from rbdata.samplers._slice_kernels import AGGREGATES, _nb_update_items
 from rbdata.samplers._trees import sumtree as _sumtree
-from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, item_codes, refusal, values_of
+from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, item_codes, refused, values_of
 from rbdata.samplers._trees.cpu import CpuTrees
 
 __all__ = [
@@ -182,7 +182,7 @@ def _refuse_on_host(spec: TreeSpec, idx: torch.Tensor, p: torch.Tensor, filled: 
     bad = code != 0
     if bool(bad.any()):
         k = int(bad.to(torch.uint8).argmax())
-        raise ValueError(refusal(spec, int(code[k]), int(idx[k]), float(p[k]), filled))
+        raise refused(spec, int(code[k]), int(idx[k]), float(p[k]), filled)
 
 
 class ItemPriorities:
@@ -333,7 +333,7 @@ class ItemPriorities:
             self._marks(),
         )
         if code:
-            raise ValueError(refusal(spec, code, int(idx[pos]), float(p[pos]), filled))
+            raise refused(spec, code, int(idx[pos]), float(p[pos]), filled)
         q_t = torch.from_numpy(q[:m])
         masses = torch.where(q_t >= 0, values_of(q_t.clamp(min=0.0), spec), 0.0)
         try:
@@ -362,7 +362,7 @@ class ItemPriorities:
         """
         spec = self.spec
         if filled == 0:  # no slot to update: refused here, a wait on the error path only
-            raise ValueError(refusal(spec, 1, int(idx[0]), 0.0, filled))
+            raise refused(spec, 1, int(idx[0]), 0.0, filled)
         code = item_codes(spec, idx, p, filled)
         bad = code != 0
         safe = idx.clamp(0, filled - 1)

@@ -19,6 +19,7 @@ import torch
 from _mixed_data import prioritized_buffer, reference_counts, rows, storage
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from tensordict import TensorDict
 
 from rbdata import (
     EmptyBufferError,
@@ -508,10 +509,14 @@ def test_an_index_out_of_range_is_one_error_from_buffer_mixture_and_sampler() ->
     It is an IndexError (as indexing raises) and a ValueError (as update_priority raised).
     """
     a = prioritized_buffer(16, 10, 0, seed=1)
+    slices = ReplayBuffer(TensorStorage(16), PrioritizedSliceSampler(16, 1.0, 0.5, slice_len=2))
+    done = torch.zeros(10, dtype=torch.bool)
+    slices.extend(TensorDict({"obs": torch.arange(10.0), ("next", "done"): done}, [10]))
     mixed = MixedBuffer({"a": a, "c": prioritized_buffer(16, 4, 100, seed=2)}, {"a": 1, "c": 1})
     calls = [
         lambda: a[10],
         lambda: a.update_priority([3, 10], [1.0, 1.0]),
+        lambda: slices.update_priority(torch.arange(12), 1.0),
         lambda: mixed[32],
         lambda: mixed[[0, 16 + 4]],
         lambda: mixed.update_priority([0, 16 + 4], [1.0, 2.0]),
