@@ -19,9 +19,9 @@ importance-weighted loss, priorities updated from the TD errors (SB3's own ``DQN
 updates them, and a prioritized buffer sampled many times with no update warns once). It is
 the one name here that imports stable-baselines3, on first use.
 
-stable-baselines3 is not imported by this module; spaces are read by duck typing (``.shape``, ``.dtype``,
-``.n``, ``.nvec``, ``.spaces`` and the class names). When SB3 is imported, its ``isinstance``
-checks accept these classes (virtual subclasses of SB3's abstract buffers; see
+Otherwise stable-baselines3 is not imported; spaces are read by duck typing (``.shape``,
+``.dtype``, ``.n``, ``.nvec``, ``.spaces`` and the class names). When SB3 is imported, its
+``isinstance`` checks accept these classes (virtual subclasses of SB3's abstract buffers; see
 :func:`register_with_sb3`), so SB3's algorithms take them as ``replay_buffer_class`` and
 ``load_replay_buffer`` takes them back.
 
@@ -54,7 +54,6 @@ __all__ = [
     "ReplayBufferSamples",
     "register_with_sb3",
 ]
-
 
 
 def __getattr__(name: str) -> object:

@@ -66,7 +66,9 @@ class PrioritizedDQN(DQN):
             ``replay_buffer_kwargs``, or ``n_steps`` other than 1.
 
     Examples:
-        >>> model = PrioritizedDQN("MlpPolicy", "CartPole-v1", learning_starts=50, seed=0)
+        >>> model = PrioritizedDQN(
+        ...     "MlpPolicy", "CartPole-v1", alpha=0.6, beta=0.4, buffer_size=500, learning_starts=50
+        ... )
         >>> _ = model.learn(80)
         >>> type(model.replay_buffer).__name__, model.replay_buffer.beta > 0.4
         ('PrioritizedReplayBuffer', True)
@@ -125,8 +127,8 @@ class PrioritizedDQN(DQN):
         """The importance-sampling exponent at the current training progress.
 
         Examples:
-            >>> model = PrioritizedDQN("MlpPolicy", "CartPole-v1", beta=0.4, beta_final=1.0)
-            >>> model._current_progress_remaining = 0.25  # 3/4 of the way
+            >>> model = PrioritizedDQN("MlpPolicy", "CartPole-v1", beta=0.4, buffer_size=100)
+            >>> model._current_progress_remaining = 0.25  # SB3's progress: 3/4 of the way
             >>> round(model.current_beta(), 6)
             0.85
         """
@@ -177,6 +179,8 @@ class PrioritizedDQN(DQN):
         losses = []
         for _ in range(gradient_steps):
             replay_data = buffer.sample(batch_size, env=self._vec_normalize_env)
+            weights, indices = replay_data.weights, replay_data.indices
+            assert weights is not None and indices is not None  # always set by sample
             # For n-step replay, discount factor is gamma**n_steps (when no early termination)
             discounts = replay_data.discounts if replay_data.discounts is not None else self.gamma
 
@@ -195,10 +199,12 @@ class PrioritizedDQN(DQN):
             # Get current Q-values estimates
             current_q_values = self.q_net(replay_data.observations)
             # Retrieve the q-values for the actions from the replay buffer
-            current_q_values = torch.gather(current_q_values, dim=1, index=replay_data.actions.long())
+            current_q_values = torch.gather(
+                current_q_values, dim=1, index=replay_data.actions.long()
+            )
 
             # Importance-weighted Huber loss
-            loss = self.weighted_huber_loss(current_q_values, target_q_values, replay_data.weights)
+            loss = self.weighted_huber_loss(current_q_values, target_q_values, weights)
             losses.append(loss.item())
             td_error = (current_q_values - target_q_values).detach().abs()
 
@@ -210,7 +216,7 @@ class PrioritizedDQN(DQN):
             self.policy.optimizer.step()
 
             # New priorities: |TD error| (the buffer adds priority_eps before alpha)
-            buffer.update_priorities(replay_data.indices, td_error)
+            buffer.update_priorities(indices, td_error)
 
         # Increase update counter
         self._n_updates += gradient_steps
