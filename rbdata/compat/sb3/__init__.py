@@ -65,4 +65,9 @@ def __getattr__(name: str) -> object:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
+def __dir__() -> list[str]:
+    """The module's names, ``PrioritizedDQN`` included (not imported until used)."""
+    return sorted({*globals(), "PrioritizedDQN"})
+
+
 register_if_loaded()  # SB3 imported first: its isinstance checks accept ours from now on
