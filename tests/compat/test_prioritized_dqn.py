@@ -139,19 +139,19 @@ def _prioritized(model: Any) -> list[str]:
 
 
 def test_sb3_dqn_on_a_prioritized_buffer_warns_exactly_once() -> None:
-    """SB3's DQN samples, never updates: one warning, at the 1000th sample, for ~1400."""
+    """SB3's DQN samples, never updates: one warning, at the 1000th sample, of 1100."""
     model = DQN(
         "MlpPolicy",
         "CartPole-v1",
-        replay_buffer_class=PrioritizedReplayBuffer,  # type: ignore[arg-type]
+        replay_buffer_class=PrioritizedReplayBuffer,
         learning_starts=100,
         train_freq=4,
         gradient_steps=8,
         seed=0,
         **SMALL,
     )
-    messages = _prioritized(lambda: model.learn(800))
-    assert model._n_updates >= 1300  # one sample per update: far past the threshold
+    messages = _prioritized(lambda: model.learn(650))
+    assert model._n_updates >= 1050  # one sample per update: past the threshold
     assert len(messages) == 1, messages
     assert "sampled 1000 times" in messages[0] and "PrioritizedDQN" in messages[0]
     assert _prioritized(lambda: model.replay_buffer.sample(4)) == []  # once per buffer
@@ -192,7 +192,7 @@ def test_arguments_are_checked_with_helpful_errors() -> None:
         (dict(n_steps=3), r"^n_steps: .*got 3"),
     ]:
         with pytest.raises(ValueError, match=match):
-            PrioritizedDQN("MlpPolicy", "CartPole-v1", **kw, **SMALL)  # type: ignore[arg-type]
+            PrioritizedDQN("MlpPolicy", "CartPole-v1", **kw, **SMALL)
     model = PrioritizedDQN("MlpPolicy", "CartPole-v1", alpha=0.3, beta=0.2, **SMALL)
     sampler = model.replay_buffer.replay_buffer.sampler
     assert (sampler.alpha, model.replay_buffer.beta) == (0.3, 0.2)
@@ -257,8 +257,16 @@ def test_import_of_the_package_still_does_not_import_sb3() -> None:
 
 # --- it learns, and its priorities follow the TD errors --------------------------------------
 def test_prioritized_dqn_learns_cartpole_and_priorities_follow_td_errors() -> None:
-    """rl-zoo's CartPole hyperparameters, 15k steps (about 20 s on 2 busy cores)."""
-    torch.set_num_threads(1)  # determinism of the seeded run, and no oversubscription
+    """rl-zoo's CartPole hyperparameters, 15k steps: 20 to 40 s on 2 busy CPU cores."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # the seeded run's reduction order, and no oversubscription
+    try:
+        _learn_cartpole_and_check_priorities()
+    finally:
+        torch.set_num_threads(threads)
+
+
+def _learn_cartpole_and_check_priorities() -> None:
     start = time.perf_counter()
     model = PrioritizedDQN(
         "MlpPolicy",
@@ -279,7 +287,7 @@ def test_prioritized_dqn_learns_cartpole_and_priorities_follow_td_errors() -> No
         seed=0,
         device="cpu",
     )
-    model.learn(15_000)
+    assert _prioritized(lambda: model.learn(15_000)) == []  # updated: never warns
     env = Monitor(gym.make("CartPole-v1"))
     env.reset(seed=100)
     mean_return, _ = evaluate_policy(model, env, n_eval_episodes=10, deterministic=True)
