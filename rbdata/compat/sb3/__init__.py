@@ -14,9 +14,14 @@
 1M-step Atari buffer is built at once and takes memory as it is written), and
 :class:`PrioritizedReplayBuffer`.
 
-stable-baselines3 is not imported; spaces are read by duck typing (``.shape``, ``.dtype``,
-``.n``, ``.nvec``, ``.spaces`` and the class names). When SB3 is imported, its ``isinstance``
-checks accept these classes (virtual subclasses of SB3's abstract buffers; see
+:class:`PrioritizedDQN` is SB3's ``DQN`` trained on a :class:`PrioritizedReplayBuffer`:
+importance-weighted loss, priorities updated from the TD errors (SB3's own ``DQN`` never
+updates them, and a prioritized buffer sampled many times with no update warns once). It is
+the one name here that imports stable-baselines3, on first use.
+
+Otherwise stable-baselines3 is not imported; spaces are read by duck typing (``.shape``,
+``.dtype``, ``.n``, ``.nvec``, ``.spaces`` and the class names). When SB3 is imported, its
+``isinstance`` checks accept these classes (virtual subclasses of SB3's abstract buffers; see
 :func:`register_with_sb3`), so SB3's algorithms take them as ``replay_buffer_class`` and
 ``load_replay_buffer`` takes them back.
 
@@ -42,11 +47,27 @@ from rbdata.compat.sb3._register import register_if_loaded, register_with_sb3
 __all__ = [
     "DictReplayBuffer",
     "DictReplayBufferSamples",
+    "PrioritizedDQN",
     "PrioritizedReplayBuffer",
     "PrioritizedReplayBufferSamples",
     "ReplayBuffer",
     "ReplayBufferSamples",
     "register_with_sb3",
 ]
+
+
+def __getattr__(name: str) -> object:
+    """``PrioritizedDQN``, imported on first use (it imports stable-baselines3)."""
+    if name == "PrioritizedDQN":
+        from rbdata.compat.sb3._dqn import PrioritizedDQN
+
+        return PrioritizedDQN
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    """The module's names, ``PrioritizedDQN`` included (not imported until used)."""
+    return sorted({*globals(), "PrioritizedDQN"})
+
 
 register_if_loaded()  # SB3 imported first: its isinstance checks accept ours from now on

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import warnings
 from typing import Any, NamedTuple
 
 import numpy as np
@@ -41,6 +42,11 @@ class PrioritizedReplayBuffer(ReplayBuffer):
     ``sample`` returns :class:`PrioritizedReplayBufferSamples` whose ``indices`` go back to
     :meth:`update_priorities` with the new priorities (e.g. ``|TD error|``).
 
+    A buffer sampled ``warn_after_samples`` times with no :meth:`update_priorities` call in
+    between warns once (a ``UserWarning``): its priorities do not follow the learning (never
+    updated, they are all equal and it samples uniformly). SB3's ``DQN`` never updates
+    priorities; :class:`PrioritizedDQN` does.
+
     Args:
         alpha: prioritization exponent (0: uniform).
         beta: importance-sampling exponent; assign ``rb.beta`` to anneal it.
@@ -63,6 +69,12 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         >>> batch.indices.unique().tolist(), batch.weights.shape
         ([2], torch.Size([8, 1]))
     """
+
+    #: ``sample`` calls with no :meth:`update_priorities` in between after which the buffer
+    #: warns, once (``None``: never); assignable per buffer
+    warn_after_samples: int | None = 1000
+    _unupdated_samples = 0  # class defaults: buffers pickled before these existed load too
+    _warned_unupdated = False
 
     def __init__(
         self,
@@ -135,10 +147,29 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         if self.size() == 0:
             raise EmptyBufferError("cannot sample: the buffer is empty (add first)")
         index, extras = self._sampler.draw(batch_size)
+        self._count_unupdated()
         obs, actions, next_obs, dones, rewards = self._gather(index, env)
         weights = extras["weight"].reshape(-1, 1).to(self.device)
         return PrioritizedReplayBufferSamples(
             obs, actions, next_obs, dones, rewards, None, index.to(self.device), weights
+        )
+
+    def _count_unupdated(self) -> None:
+        """Count a sample with no priority update since; warn once past the threshold."""
+        self._unupdated_samples += 1
+        limit = self.warn_after_samples
+        if self._warned_unupdated or limit is None or self._unupdated_samples < limit:
+            return
+        self._warned_unupdated = True
+        warnings.warn(
+            f"PrioritizedReplayBuffer: sampled {self._unupdated_samples} times with no "
+            "update_priorities call in between: priorities change only through "
+            "update_priorities, so they do not follow the learning (never updated, they are "
+            "all equal: sampling is uniform and every importance weight is 1). SB3's DQN "
+            "never updates priorities: train with rbdata.compat.sb3.PrioritizedDQN, or call "
+            "update_priorities(batch.indices, |TD error|) after each sample.",
+            UserWarning,
+            stacklevel=3,
         )
 
     def update_priorities(self, indices: Any, priorities: Any) -> None:
@@ -159,3 +190,4 @@ class PrioritizedReplayBuffer(ReplayBuffer):
         else:
             priorities = np.asarray(priorities, dtype=np.float64).reshape(-1)
         self._sampler.update_priority(indices, priorities)  # type: ignore[attr-defined]
+        self._unupdated_samples = 0
