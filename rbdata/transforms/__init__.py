@@ -1,5 +1,6 @@
-"""Transforms of sampled batches: hindsight goal relabeling, n-step returns, and the episode
-index they read.
+"""Transforms of sampled batches: hindsight goal relabeling and n-step returns.
+
+Both read an episode index of the storage they sample from.
 
 A transform is a callable on a sampled batch, given to a buffer as
 ``ReplayBuffer(storage, sampler=..., transform=...)``.

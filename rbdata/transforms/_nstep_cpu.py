@@ -23,7 +23,7 @@ from rbdata._core.native import prefetch, voidptr
 from rbdata.transforms._batch import entry_of
 from rbdata.transforms._relabel_cpu import like
 
-__all__ = ["CpuNStep", "NextPlan", "copy_rows", "nstep_returns"]
+__all__ = ["CpuNStep", "NextPlan", "nstep_returns"]
 
 #: reward dtypes the kernel sums
 _REWARD_DTYPES = frozenset({torch.float32, torch.float64})
@@ -32,8 +32,13 @@ _REWARD_DTYPES = frozenset({torch.float32, torch.float64})
 @numba.njit(cache=True, nogil=True)
 def _first_end(ends: Any, t: int, never: int) -> int:  # pragma: no cover
     """The first of the sorted ``ends`` at or after ``t`` (``never`` where none is)."""
-    j = np.searchsorted(ends, t)
-    return ends[j] if j < ends.shape[0] else never
+    lo, length = 0, ends.shape[0]
+    while length > 0:  # lower bound by halving (the compare becomes a select, not a branch)
+        half = length >> 1
+        below = ends[lo + half] < t
+        lo = lo + half + 1 if below else lo
+        length = length - half - 1 if below else half
+    return ends[lo] if lo < ends.shape[0] else never
 
 
 @numba.njit(cache=True, nogil=True)
@@ -51,82 +56,101 @@ def nstep_returns(
     width: int,
     like: Any,
     out_at: int,
-    k_at: int,
-    last_at: int,
+    k: Any,
+    last: Any,
+    sources: Any,
+    targets: Any,
+    sizes: Any,
 ) -> bool:  # pragma: no cover
-    """Each item's window (``k``, last slot) and its discounted return (``out``, ``width`` wide).
+    """Each item's window, its discounted return, and the entries of the window's last step.
 
     ``False``, having written nothing, if a slot is outside ``[0, length)``. ``slots`` are
-    the items' slots, ``ends`` and ``cuts`` the sorted end times of
-    the episode indexes (done, truncation), ``discounts`` the ``n`` powers of gamma; the
-    column has ``capacity`` rows of ``width`` values of ``like``'s dtype. The sums run in
-    float64, in window order, as the general path's.
+    the items' slots, ``ends`` and ``cuts`` the sorted end times of the episode indexes
+    (done, truncation), ``discounts`` the ``n`` powers of gamma; the reward column has
+    ``capacity`` rows of ``width`` values of ``like``'s dtype, ``out`` gets the returns (the
+    sums run in float64, in window order, as the general path's). ``k`` and ``last`` get each
+    window's length and last slot. Then ``target_c[i] = source_c[last[i]]`` for every column
+    ``c`` (``sources``: the columns' addresses, ``capacity`` rows of ``sizes[c]`` bytes each;
+    ``targets``: the batch entries', ``size`` rows). The random rows are prefetched ahead of
+    their reads, so that the misses overlap.
     """
     slots = numba.carray(voidptr(slots_at), (size,), np.int64)
     column = numba.carray(voidptr(column_at), (capacity, width), like.dtype)
     out = numba.carray(voidptr(out_at), (size, width), like.dtype)
-    k_out = numba.carray(voidptr(k_at), (size,), np.int64)
-    last_out = numba.carray(voidptr(last_at), (size,), np.int64)
     n = discounts.shape[0]
     oldest = max(0, time - capacity)
+    shift = (base + oldest) % capacity  # the slot of the oldest step
     row_bytes = width * like.itemsize
     for i in range(size):
         if slots[i] < 0 or slots[i] >= length:
             return False
-    for i in range(size):  # first the windows, prefetching each one's first reward row
-        t = oldest + (slots[i] - base - oldest) % capacity
-        last = min(t + n - 1, time - 1, _first_end(ends, t, time), _first_end(cuts, t, time))
-        k_out[i] = last - t + 1
-        last_out[i] = last
-        prefetch(column_at + slots[i] * row_bytes)
-    for i in range(size):
-        k = k_out[i]
+    for i in range(size):  # the windows, prefetching each one's reward rows
+        slot = slots[i]
+        prefetch(column_at + slot * row_bytes)
+        d = slot - shift
+        t = oldest + (d + capacity if d < 0 else d)
+        end = min(t + n - 1, time - 1, _first_end(ends, t, time), _first_end(cuts, t, time))
+        k[i] = end - t + 1
+        s = slot + end - t
+        last[i] = s - capacity if s >= capacity else s
+    columns = sources.shape[0]
+    for c in range(columns):
+        for i in range(size):
+            prefetch(sources[c] + last[i] * sizes[c])
+    for i in range(size):  # the returns, summed from the column
         slot = slots[i]
         for j in range(width):
             acc = 0.0
             s = slot
-            for q in range(k):
+            for q in range(k[i]):
                 acc += discounts[q] * column[s, j]
                 s = s + 1 if s + 1 < capacity else 0
             out[i, j] = acc
-        last_out[i] = (last_out[i] + base) % capacity
-    return True
-
-
-@numba.njit(cache=True, nogil=True)
-def copy_rows(last_at: int, size: int, sources: Any, targets: Any, sizes: Any) -> None:  # pragma: no cover
-    """``target_c[i] = source_c[last[i]]`` for every column ``c`` (rows of ``sizes[c]`` bytes).
-
-    ``sources`` are the columns' addresses (``capacity`` rows each), ``targets`` those of
-    the batch's entries (``size`` rows each).
-    """
-    last = numba.carray(voidptr(last_at), (size,), np.int64)
-    for c in range(sources.shape[0]):
+    for c in range(columns):  # the last step's entries
         b = sizes[c]
         for i in range(size):
             src = numba.carray(voidptr(sources[c] + last[i] * b), (b,), np.uint8)
             dst = numba.carray(voidptr(targets[c] + i * b), (b,), np.uint8)
             for x in range(b):
                 dst[x] = src[x]
+    return True
 
 
 class NextPlan(NamedTuple):
     """What :meth:`CpuNStep.plan` checked of a storage's columns (for one layout)."""
 
     layout: Any  # the storage's layout object the columns were found in
-    reward: int  # the reward column's place in ``storage.buffers``
+    reward: torch.Tensor  # the reward column (contiguous, CPU, ``capacity`` rows)
     width: int  # values per reward
+    like: np.ndarray  # an empty array of the reward's dtype, for the kernel
     keys: list[Key]  # the entries taken from the window's last step
     places: list[int]  # their columns' places in ``storage.buffers``
-    sizes: np.ndarray  # their bytes per row (int64)
+    columns: list[torch.Tensor]  # the columns checked (contiguous, CPU, ``capacity`` rows)
+    numels: list[int]  # values per row of each
+    sizes: np.ndarray  # bytes per row of each (int64)
 
 
 def _fits(column: torch.Tensor, capacity: int) -> bool:
     return column.is_cpu and column.is_contiguous() and column.shape[0] == capacity
 
 
+def _matches(entry: Any, dtype: torch.dtype, numel: int) -> bool:
+    """Whether a batch entry is a contiguous CPU tensor of ``dtype`` and ``numel`` values."""
+    return (
+        type(entry) is torch.Tensor
+        and entry.dtype is dtype
+        and entry.is_cpu
+        and entry.numel() == numel
+        and entry.is_contiguous()
+    )
+
+
 class CpuNStep:
     """``NStepReturn``'s CPU path over a tensor or memmap storage (see the module docstring).
+
+    Owns the checked plan of the storage's columns (kept while the storage's layout and
+    column objects stay the same; their addresses are read at each call, as memory may move
+    in place).
 
     Args:
         storage: the storage (its ``layout`` and ``buffers`` are read).
@@ -147,11 +171,24 @@ class CpuNStep:
         self._plan: NextPlan | None = None
 
     def plan(self) -> NextPlan | None:
-        """The storage's checked columns (kept while its layout object stays), or ``None``."""
-        layout = getattr(self.storage, "layout", None)
+        """The storage's checked columns, or ``None`` where the kernel cannot read them."""
+        storage = self.storage
+        layout = getattr(storage, "layout", None)
+        buffers = getattr(storage, "buffers", None)
+        if layout is None or buffers is None:
+            return None
         plan = self._plan
-        if plan is not None and plan.layout is layout:
+        if (
+            plan is not None
+            and plan.layout is layout
+            and buffers[plan.places[-1]] is plan.reward
+            and all(buffers[p] is c for p, c in zip(plan.places, plan.columns, strict=False))
+        ):
             return plan
+        self._plan = plan = self._check(layout, buffers, int(storage.capacity))
+        return plan
+
+    def _check(self, layout: Any, buffers: list[torch.Tensor], capacity: int) -> NextPlan | None:
         keys = getattr(layout, "keys", None)
         if keys is None or self.reward_key not in keys or self.done_key not in keys:
             return None
@@ -161,17 +198,20 @@ class CpuNStep:
             if (key[0] == "next" or key == self.done_key)
             and key not in (self.reward_key, self.skip)
         ]
-        buffers = self.storage.buffers
         reward = buffers[keys.index(self.reward_key)]
-        if reward.dtype not in _REWARD_DTYPES:
-            return None
         places = [keys.index(key) for key in taken]
-        sizes = np.array(
-            [buffers[p][:1].numel() * buffers[p].element_size() for p in places], np.int64
-        )
-        width = reward[:1].numel()
-        self._plan = NextPlan(layout, keys.index(self.reward_key), width, taken, places, sizes)
-        return self._plan
+        columns = [buffers[p] for p in places]
+        if reward.dtype not in _REWARD_DTYPES or not all(
+            _fits(c, capacity) for c in [reward, *columns]
+        ):
+            return None
+        numels = [c[:1].numel() for c in columns]
+        sizes = np.array([m * c.element_size() for m, c in zip(numels, columns, strict=True)])
+        places.append(keys.index(self.reward_key))  # last: the reward's
+        return NextPlan(
+            layout, reward, reward[:1].numel(), like(reward.dtype), taken, places, columns,
+            numels, sizes.astype(np.int64),
+        )  # fmt: skip
 
     def apply(
         self,
@@ -188,66 +228,43 @@ class CpuNStep:
         ``in_place``: the batch's entries are the storage gather's own new tensors
         (``on_sampled``) and are written in place; else new ones replace them.
         """
-        if batch.is_locked or index.dtype != torch.int64 or not index.is_contiguous():
+        if batch.is_locked or index.dtype is not torch.int64 or not index.is_contiguous():
             return None
         plan = self.plan()
         if plan is None:
             return None
-        storage = self.storage
-        buffers = storage.buffers
-        capacity = int(storage.capacity)
         size = index.shape[0]
         entries = batch._tensordict
         reward_at, reward = entry_of(entries, self.reward_key)
-        column = buffers[plan.reward]
-        if (
-            type(reward) is not torch.Tensor
-            or reward.dtype != column.dtype
-            or not reward.is_cpu
-            or not reward.is_contiguous()
-            or reward.numel() != size * plan.width
-            or not _fits(column, capacity)
-        ):
+        if not _matches(reward, plan.reward.dtype, size * plan.width):
             return None
-        holders, olds, sources = [], [], []
-        for key, place in zip(plan.keys, plan.places, strict=True):
+        holders: list[dict[str, Any]] = []
+        olds: list[torch.Tensor] = []
+        for key, column, numel in zip(plan.keys, plan.columns, plan.numels, strict=True):
             holder, old = entry_of(entries, key)
-            source = buffers[place]
-            if (
-                type(old) is not torch.Tensor
-                or old.dtype != source.dtype
-                or not old.is_cpu
-                or not old.is_contiguous()
-                or old.shape[1:] != source.shape[1:]
-                or old.shape[0] != size
-                or not _fits(source, capacity)
-            ):
+            if not _matches(old, column.dtype, size * numel):
                 return None
+            assert holder is not None  # found with its entry
             holders.append(holder)
             olds.append(old)
-            sources.append(source.data_ptr())
-        empty = torch.empty
-        out = reward if in_place else torch.empty_like(reward)
-        k = empty(size, dtype=torch.int64)
-        last = empty(size, dtype=torch.int64)
-        targets = olds if in_place else [torch.empty_like(old) for old in olds]
+        if in_place:
+            out, targets = reward, olds
+        else:
+            empty_like = torch.empty_like
+            out, targets = empty_like(reward), [empty_like(old) for old in olds]
+        k = np.empty(size, np.int64)
         ends, cuts, time, base = windows()  # syncs (ends are replaced, never changed in place)
+        storage = self.storage
         if not nstep_returns(
-            index.data_ptr(), size, len(storage), ends, cuts, time, base, capacity,
-            self.discounts, column.data_ptr(), plan.width, like(column.dtype), out.data_ptr(),
-            k.data_ptr(), last.data_ptr(),
+            index.data_ptr(), size, len(storage), ends, cuts, time, base, int(storage.capacity),
+            self.discounts, plan.reward.data_ptr(), plan.width, plan.like, out.data_ptr(), k,
+            np.empty(size, np.int64), np.array([c.data_ptr() for c in plan.columns], np.int64),
+            np.array([t.data_ptr() for t in targets], np.int64), plan.sizes,
         ):  # fmt: skip
             return None  # a slot out of range: the general path raises
-        copy_rows(
-            last.data_ptr(),
-            size,
-            np.array(sources, np.int64),
-            np.array([t.data_ptr() for t in targets], np.int64),
-            plan.sizes,
-        )
         if not in_place:
             assert reward_at is not None
             reward_at[self.reward_key[-1]] = out
             for holder, key, target in zip(holders, plan.keys, targets, strict=True):
                 holder[key[-1]] = target
-        return k
+        return torch.from_numpy(k)

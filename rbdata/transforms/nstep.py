@@ -156,7 +156,9 @@ class NStepReturn:
         self.gamma = float(gamma)
         self.reward_key = as_key(reward_key, "reward_key")
         self.done_key = as_key(done_key, "done_key")
-        self.truncated_key = None if truncated_key is None else as_key(truncated_key, "truncated_key")
+        self.truncated_key = (
+            None if truncated_key is None else as_key(truncated_key, "truncated_key")
+        )
         self.episodes = EpisodeIndex(storage, end_key=self.done_key)
         self.truncations: EpisodeIndex | None = None  # made when a batch has truncated_key
         self.storage = storage
@@ -167,10 +169,8 @@ class NStepReturn:
         self.lock = threading.Lock()
         self._cpu = self._cpu_path()
 
-    def _cpu_path(self) -> CpuNStep | None:
-        """The CPU path, for a storage with plain columns of its own (tensor, memmap)."""
-        if plain_columns(self.storage) is not self.storage:
-            return None
+    def _cpu_path(self) -> CpuNStep:
+        """The CPU path (it declines storages without plain columns of their own)."""
         return CpuNStep(self.storage, self.reward_key, self.done_key, STEPS_KEY, self.discounts)
 
     def __repr__(self) -> str:
@@ -283,7 +283,7 @@ class NStepReturn:
             k = torch.ones(size, dtype=torch.int64)
         else:
             fast = None
-            if type(batch) is TensorDict and index.is_cpu and self._cpu is not None:
+            if type(batch) is TensorDict and index.is_cpu:
                 fast = self._cpu.apply(batch, index, lambda: self.ends(truncations), in_place)
             if fast is not None:
                 k = fast
@@ -332,7 +332,7 @@ class NStepReturn:
         if self.done_key not in keys:
             keys.append(self.done_key)
         storage = self.storage
-        layout_keys = getattr(getattr(storage, "layout", None), "keys", None)
+        layout_keys = getattr(getattr(storage, "layout", None), "keys", None) or ()
         if plain_columns(storage) is storage and all(key in layout_keys for key in keys):
             values = [read_column(storage, key, last_slots) for key in keys]
         else:
