@@ -41,6 +41,22 @@ def _first_end(ends: Any, t: int, never: int) -> int:  # pragma: no cover
     return ends[lo] if lo < ends.shape[0] else never
 
 
+_WORD8, _WORD4, _WORD1 = np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.uint8)
+
+
+@numba.njit(cache=True, nogil=True)
+def _copy_rows(
+    source_at: int, target_at: int, last: Any, size: int, rows: int, words: int, like: Any
+) -> None:  # pragma: no cover
+    """``target[i] = source[last[i]]`` for rows of ``words`` values of ``like``'s dtype."""
+    source = numba.carray(voidptr(source_at), (rows, words), like.dtype)
+    target = numba.carray(voidptr(target_at), (size, words), like.dtype)
+    for i in range(size):
+        row = last[i]
+        for x in range(words):
+            target[i, x] = source[row, x]
+
+
 @numba.njit(cache=True, nogil=True)
 def nstep_returns(
     slots_at: int,
@@ -106,13 +122,14 @@ def nstep_returns(
                 acc += discounts[q] * column[s, j]
                 s = s + 1 if s + 1 < capacity else 0
             out[i, j] = acc
-    for c in range(columns):  # the last step's entries
+    for c in range(columns):  # the last step's entries, in the widest words that fit
         b = sizes[c]
-        for i in range(size):
-            src = numba.carray(voidptr(sources[c] + last[i] * b), (b,), np.uint8)
-            dst = numba.carray(voidptr(targets[c] + i * b), (b,), np.uint8)
-            for x in range(b):
-                dst[x] = src[x]
+        if b % 8 == 0:
+            _copy_rows(sources[c], targets[c], last, size, capacity, b // 8, _WORD8)
+        elif b % 4 == 0:
+            _copy_rows(sources[c], targets[c], last, size, capacity, b // 4, _WORD4)
+        else:
+            _copy_rows(sources[c], targets[c], last, size, capacity, b, _WORD1)
     return True
 
 
@@ -156,17 +173,26 @@ class CpuNStep:
         storage: the storage (its ``layout`` and ``buffers`` are read).
         reward_key: the reward.
         done_key: the done flag (taken from the last step, as every ``("next", ...)`` entry).
-        skip: keys never taken from the last step (the transform's ``("next", "steps")``).
+        truncated_key: the truncation flag that ends windows where the batch has it, or
+            ``None``.
+        steps_key: the entry of the window lengths (never taken from the last step).
         discounts: ``gamma ** i`` for ``i < n`` (float64).
     """
 
     def __init__(
-        self, storage: Any, reward_key: Key, done_key: Key, skip: Key, discounts: np.ndarray
+        self,
+        storage: Any,
+        reward_key: Key,
+        done_key: Key,
+        truncated_key: Key | None,
+        steps_key: Key,
+        discounts: np.ndarray,
     ) -> None:
         self.storage = storage
         self.reward_key = reward_key
         self.done_key = done_key
-        self.skip = skip
+        self.truncated_key = truncated_key
+        self.steps_key = steps_key
         self.discounts = discounts
         self._plan: NextPlan | None = None
 
@@ -178,13 +204,12 @@ class CpuNStep:
         if layout is None or buffers is None:
             return None
         plan = self._plan
-        if (
-            plan is not None
-            and plan.layout is layout
-            and buffers[plan.places[-1]] is plan.reward
-            and all(buffers[p] is c for p, c in zip(plan.places, plan.columns, strict=False))
-        ):
-            return plan
+        if plan is not None and plan.layout is layout and buffers[plan.places[-1]] is plan.reward:
+            for place, column in zip(plan.places, plan.columns, strict=False):
+                if buffers[place] is not column:
+                    break
+            else:
+                return plan
         self._plan = plan = self._check(layout, buffers, int(storage.capacity))
         return plan
 
@@ -196,7 +221,7 @@ class CpuNStep:
             key
             for key in keys
             if (key[0] == "next" or key == self.done_key)
-            and key not in (self.reward_key, self.skip)
+            and key not in (self.reward_key, self.steps_key)
         ]
         reward = buffers[keys.index(self.reward_key)]
         places = [keys.index(key) for key in taken]
@@ -216,34 +241,53 @@ class CpuNStep:
     def apply(
         self,
         batch: TensorDict,
-        index: torch.Tensor,
-        windows: Callable[[], tuple[np.ndarray, np.ndarray, int, int]],
+        ends: Callable[[bool], tuple[np.ndarray, np.ndarray, int, int]],
         in_place: bool,
-    ) -> torch.Tensor | None:
-        """Turn the batch into n-step transitions here: its ``k`` (int64), or ``None``.
+    ) -> bool:
+        """Turn the batch into n-step transitions here; whether it did.
 
-        ``None``, having changed nothing, where the batch or the storage is not as this path
-        needs (the general path then does the batch). ``windows()`` syncs the episode indexes
-        and returns their ends (done, truncation), the time and the base slot.
-        ``in_place``: the batch's entries are the storage gather's own new tensors
-        (``on_sampled``) and are written in place; else new ones replace them.
+        ``False``, having changed nothing, where the batch or the storage is not as this path
+        needs (the general path then does the batch): the batch a plain, unlocked CPU
+        TensorDict whose ``"index"`` is one int64 slot per item in ``[0, len(storage))`` and
+        whose reward, done flag and ``("next", ...)`` entries are contiguous CPU tensors of the
+        storage's dtypes and sizes. ``ends(truncations)`` syncs the episode indexes and
+        returns their ends (done, truncation), the time and the base slot. ``in_place``: the
+        batch's entries are the storage gather's own new tensors (``on_sampled``) and are
+        written in place; else new ones replace them.
         """
-        if batch.is_locked or index.dtype is not torch.int64 or not index.is_contiguous():
-            return None
+        if batch.is_locked:
+            return False
+        entries = batch._tensordict
+        index = entries.get("index")
+        if (
+            type(index) is not torch.Tensor
+            or index.dtype is not torch.int64
+            or not index.is_cpu
+            or index.dim() != 1
+            or not index.is_contiguous()
+        ):
+            return False
         plan = self.plan()
         if plan is None:
-            return None
+            return False
         size = index.shape[0]
-        entries = batch._tensordict
         reward_at, reward = entry_of(entries, self.reward_key)
-        if not _matches(reward, plan.reward.dtype, size * plan.width):
-            return None
+        done = entry_of(entries, self.done_key)[1]
+        steps_at = entry_of(entries, self.steps_key)[0]  # where the steps go (made or replaced)
+        if (
+            not _matches(reward, plan.reward.dtype, size * plan.width)
+            or type(done) is not torch.Tensor
+            or done.numel() != size
+            or not done.is_cpu
+            or steps_at is None
+        ):
+            return False
         holders: list[dict[str, Any]] = []
         olds: list[torch.Tensor] = []
         for key, column, numel in zip(plan.keys, plan.columns, plan.numels, strict=True):
             holder, old = entry_of(entries, key)
             if not _matches(old, column.dtype, size * numel):
-                return None
+                return False
             assert holder is not None  # found with its entry
             holders.append(holder)
             olds.append(old)
@@ -252,19 +296,25 @@ class CpuNStep:
         else:
             empty_like = torch.empty_like
             out, targets = empty_like(reward), [empty_like(old) for old in olds]
-        k = np.empty(size, np.int64)
-        ends, cuts, time, base = windows()  # syncs (ends are replaced, never changed in place)
+        truncations = (
+            self.truncated_key is not None
+            and type(entry_of(entries, self.truncated_key)[1]) is torch.Tensor
+        )
+        k = np.empty(done.shape, np.int64)
+        done_ends, cuts, time, base = ends(truncations)  # syncs (arrays replaced, not changed)
         storage = self.storage
         if not nstep_returns(
-            index.data_ptr(), size, len(storage), ends, cuts, time, base, int(storage.capacity),
-            self.discounts, plan.reward.data_ptr(), plan.width, plan.like, out.data_ptr(), k,
-            np.empty(size, np.int64), np.array([c.data_ptr() for c in plan.columns], np.int64),
+            index.data_ptr(), size, len(storage), done_ends, cuts, time, base,
+            int(storage.capacity), self.discounts, plan.reward.data_ptr(), plan.width,
+            plan.like, out.data_ptr(), k.reshape(size), np.empty(size, np.int64),
+            np.array([c.data_ptr() for c in plan.columns], np.int64),
             np.array([t.data_ptr() for t in targets], np.int64), plan.sizes,
         ):  # fmt: skip
-            return None  # a slot out of range: the general path raises
+            return False  # a slot out of range: the general path raises
         if not in_place:
             assert reward_at is not None
             reward_at[self.reward_key[-1]] = out
             for holder, key, target in zip(holders, plan.keys, targets, strict=True):
                 holder[key[-1]] = target
-        return torch.from_numpy(k)
+        steps_at[self.steps_key[-1]] = torch.from_numpy(k)
+        return True

@@ -171,7 +171,10 @@ class NStepReturn:
 
     def _cpu_path(self) -> CpuNStep:
         """The CPU path (it declines storages without plain columns of their own)."""
-        return CpuNStep(self.storage, self.reward_key, self.done_key, STEPS_KEY, self.discounts)
+        return CpuNStep(
+            self.storage, self.reward_key, self.done_key, self.truncated_key, STEPS_KEY,
+            self.discounts,
+        )  # fmt: skip
 
     def __repr__(self) -> str:
         return (
@@ -244,7 +247,9 @@ class NStepReturn:
     # --- the transform ------------------------------------------------------------------------
     def __call__(self, batch: Any) -> Any:
         """Turn a sampled batch (a TensorDict carrying ``"index"``) into n-step transitions."""
-        return self._apply(batch, False)
+        if type(batch) is TensorDict and self.n > 1 and self._cpu.apply(batch, self.ends, False):
+            return batch  # the CPU path did the whole batch
+        return self._apply(batch)
 
     def on_sampled(self, batch: Any) -> Any:
         """Turn a batch a :class:`~rbdata.ReplayBuffer` has just sampled; return it.
@@ -253,9 +258,12 @@ class NStepReturn:
         ``("next", ...)`` entries, new tensors of the storage's gather that nothing else
         holds, are written in place rather than replaced.
         """
-        return self._apply(batch, True)
+        if type(batch) is TensorDict and self.n > 1 and self._cpu.apply(batch, self.ends, True):
+            return batch
+        return self._apply(batch)
 
-    def _apply(self, batch: Any, in_place: bool) -> Any:
+    def _apply(self, batch: Any) -> Any:
+        """The general path (any storage, device and batch): the reference of the CPU path."""
         if not isinstance(batch, TensorDictBase):
             raise TypeError(
                 "NStepReturn needs TensorDict batches (items with nested keys), got "
@@ -282,17 +290,11 @@ class NStepReturn:
         if self.n == 1:
             k = torch.ones(size, dtype=torch.int64)
         else:
-            fast = None
-            if type(batch) is TensorDict and index.is_cpu:
-                fast = self._cpu.apply(batch, index, lambda: self.ends(truncations), in_place)
-            if fast is not None:
-                k = fast
-            else:
-                last_slots, k_np = self.windows(index, truncations)
-                k = torch.from_numpy(k_np)
-                last = torch.from_numpy(last_slots)
-                put_entry(batch, self.reward_key, self._returns(last, k_np, reward))
-                self._take_next(batch, last)
+            last_slots, k_np = self.windows(index, truncations)
+            k = torch.from_numpy(k_np)
+            last = torch.from_numpy(last_slots)
+            put_entry(batch, self.reward_key, self._returns(last, k_np, reward))
+            self._take_next(batch, last)
         put_entry(batch, STEPS_KEY, k.view(done.shape).to(done.device))
         return batch
 
