@@ -93,7 +93,7 @@ class NStepReturn:
       discount is ``gamma ** k``.
 
     With ``n=1`` every entry is left as sampled and ``("next", "steps")`` is 1. On a
-    :class:`~rbdata.storages.frames.FrameStackStorage` the next observation is the stack
+    :class:`~rbdata.storages.FrameStackStorage` the next observation is the stack
     ``k`` steps later (the ``("next", ...)`` stack of step ``t + k - 1``).
 
     Episodes come through an :class:`~rbdata.transforms.EpisodeIndex` that follows the
