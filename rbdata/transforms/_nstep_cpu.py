@@ -29,18 +29,6 @@ __all__ = ["CpuNStep", "NextPlan", "nstep_returns"]
 _REWARD_DTYPES = frozenset({torch.float32, torch.float64})
 
 
-@numba.njit(cache=True, nogil=True)
-def _first_end(ends: Any, t: int, never: int) -> int:  # pragma: no cover
-    """The first of the sorted ``ends`` at or after ``t`` (``never`` where none is)."""
-    lo, length = 0, ends.shape[0]
-    while length > 0:  # lower bound by halving (the compare becomes a select, not a branch)
-        half = length >> 1
-        below = ends[lo + half] < t
-        lo = lo + half + 1 if below else lo
-        length = length - half - 1 if below else half
-    return ends[lo] if lo < ends.shape[0] else never
-
-
 _WORD8, _WORD4, _WORD1 = np.empty(0, np.int64), np.empty(0, np.int32), np.empty(0, np.uint8)
 
 
@@ -62,8 +50,8 @@ def nstep_returns(
     slots_at: int,
     size: int,
     length: int,
-    ends: Any,
-    cuts: Any,
+    flags_at: int,
+    cuts_at: int,
     time: int,
     base: int,
     capacity: int,
@@ -81,8 +69,11 @@ def nstep_returns(
     """Each item's window, its discounted return, and the entries of the window's last step.
 
     ``False``, having written nothing, if a slot is outside ``[0, length)``. ``slots`` are
-    the items' slots, ``ends`` and ``cuts`` the sorted end times of the episode indexes
-    (done, truncation), ``discounts`` the ``n`` powers of gamma; the reward column has
+    the items' slots; ``flags`` and ``cuts`` the addresses of the done and truncation flag
+    columns (one byte per step; ``cuts_at`` 0: none), which end windows, as the newest step
+    (``time - 1``, the ring's oldest at ``base``) does; ``discounts`` the ``n`` powers of
+    gamma. Each window is scanned from its first step, whose flags the gather has just read
+    (no search, no new cache line but where a window crosses one). The reward column has
     ``capacity`` rows of ``width`` values of ``like``'s dtype, ``out`` gets the returns (the
     sums run in float64, in window order, as the general path's). ``k`` and ``last`` get each
     window's length and last slot. Then ``target_c[i] = source_c[last[i]]`` for every column
@@ -96,23 +87,26 @@ def nstep_returns(
     n = discounts.shape[0]
     oldest = max(0, time - capacity)
     shift = (base + oldest) % capacity  # the slot of the oldest step
-    row_bytes = width * like.itemsize
     for i in range(size):
         if slots[i] < 0 or slots[i] >= length:
             return False
-    for i in range(size):  # the windows, prefetching each one's reward rows
+    flags = numba.carray(voidptr(flags_at), (capacity,), np.uint8)
+    cuts = numba.carray(voidptr(cuts_at if cuts_at != 0 else flags_at), (capacity,), np.uint8)
+    columns = sources.shape[0]
+    for i in range(size):  # the windows; each last step's rows are prefetched once known
         slot = slots[i]
-        prefetch(column_at + slot * row_bytes)
         d = slot - shift
         t = oldest + (d + capacity if d < 0 else d)
-        end = min(t + n - 1, time - 1, _first_end(ends, t, time), _first_end(cuts, t, time))
-        k[i] = end - t + 1
-        s = slot + end - t
-        last[i] = s - capacity if s >= capacity else s
-    columns = sources.shape[0]
-    for c in range(columns):
-        for i in range(size):
-            prefetch(sources[c] + last[i] * sizes[c])
+        limit = min(n - 1, time - 1 - t)
+        s = slot
+        j = 0
+        while j < limit and flags[s] == 0 and cuts[s] == 0:
+            j += 1
+            s = s + 1 if s + 1 < capacity else 0
+        k[i] = j + 1
+        last[i] = s
+        for c in range(columns):
+            prefetch(sources[c] + s * sizes[c])
     for i in range(size):  # the returns, summed from the column
         slot = slots[i]
         for j in range(width):
@@ -145,6 +139,8 @@ class NextPlan(NamedTuple):
     columns: list[torch.Tensor]  # the columns checked (contiguous, CPU, ``capacity`` rows)
     numels: list[int]  # values per row of each
     sizes: np.ndarray  # bytes per row of each (int64)
+    flags: torch.Tensor  # the done column (one byte per step), one of ``columns``
+    cuts: torch.Tensor | None  # the truncation column so, one of ``columns`` (or ``None``)
 
 
 def _fits(column: torch.Tensor, capacity: int) -> bool:
@@ -232,10 +228,17 @@ class CpuNStep:
             return None
         numels = [c[:1].numel() for c in columns]
         sizes = np.array([m * c.element_size() for m, c in zip(numels, columns, strict=True)])
+        flags = columns[taken.index(self.done_key)]
+        if flags.element_size() != 1 or flags[:1].numel() != 1 or flags.is_floating_point():
+            return None  # flags of another dtype: the general path reads them
+        cut = self.truncated_key
+        cuts = columns[taken.index(cut)] if cut is not None and cut in taken else None
+        if cuts is not None and (cuts.element_size() != 1 or cuts[:1].numel() != 1):
+            cuts = None
         places.append(keys.index(self.reward_key))  # last: the reward's
         return NextPlan(
             layout, reward, reward[:1].numel(), like(reward.dtype), taken, places, columns,
-            numels, sizes.astype(np.int64),
+            numels, sizes.astype(np.int64), flags, cuts,
         )  # fmt: skip
 
     def apply(
@@ -250,8 +253,9 @@ class CpuNStep:
         needs (the general path then does the batch): the batch a plain, unlocked CPU
         TensorDict whose ``"index"`` is one int64 slot per item in ``[0, len(storage))`` and
         whose reward, done flag and ``("next", ...)`` entries are contiguous CPU tensors of the
-        storage's dtypes and sizes. ``ends(truncations)`` syncs the episode indexes and
-        returns their ends (done, truncation), the time and the base slot. ``in_place``: the
+        storage's dtypes and sizes, and the done flags (and truncation flags, where the batch
+        has them) one byte per step. ``ends(False)`` syncs the episode index and returns its
+        time and base slot (the windows are scanned from the flags). ``in_place``: the
         batch's entries are the storage gather's own new tensors (``on_sampled``) and are
         written in place; else new ones replace them.
         """
@@ -300,11 +304,15 @@ class CpuNStep:
             self.truncated_key is not None
             and type(entry_of(entries, self.truncated_key)[1]) is torch.Tensor
         )
+        cuts = plan.cuts
+        if truncations and cuts is None:
+            return False
+        cuts_at = cuts.data_ptr() if truncations and cuts is not None else 0
         k = np.empty(done.shape, np.int64)
-        done_ends, cuts, time, base = ends(truncations)  # syncs (arrays replaced, not changed)
+        time, base = ends(False)[2:]  # syncs the index (its time and base slot)
         storage = self.storage
         if not nstep_returns(
-            index.data_ptr(), size, len(storage), done_ends, cuts, time, base,
+            index.data_ptr(), size, len(storage), plan.flags.data_ptr(), cuts_at, time, base,
             int(storage.capacity), self.discounts, plan.reward.data_ptr(), plan.width,
             plan.like, out.data_ptr(), k.reshape(size), np.empty(size, np.int64),
             np.array([c.data_ptr() for c in plan.columns], np.int64),
