@@ -345,3 +345,24 @@ def test_helpful_errors() -> None:
     bad = storage[torch.arange(2)].set("index", torch.tensor([0, 99]))
     with pytest.raises(IndexError):
         transform(bad)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "frames"])
+def test_dataloader_batches_with_their_index(kind: str, tmp_path) -> None:
+    """``DataLoader(storage, batch_sampler=BatchSampler(...))`` batches carry ``"index"``:
+    the transform turns them as it turns ``rb.sample`` batches."""
+    from torch.utils.data import DataLoader
+
+    from rbdata import BatchSampler, UniformSampler
+
+    capacity, n, gamma = 40, 3, 0.9
+    storage = make_storage(kind, capacity, tmp_path)
+    model = Steps(capacity, frames=kind == "frames")
+    fill(ReplayBuffer(storage), model, 4, 60)
+    transform = NStepReturn(storage, n, gamma)
+    loader = DataLoader(storage, batch_sampler=BatchSampler(UniformSampler(storage), 16, 5))
+    seen = 0
+    for batch in loader:
+        check_batch(transform(batch), model, batch["index"], n, gamma)
+        seen += 1
+    assert seen == 5
