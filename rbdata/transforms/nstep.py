@@ -1,10 +1,13 @@
 """``NStepReturn``: n-step discounted returns as a transform of sampled batches.
 
-The transform keeps its own :class:`~rbdata.transforms.EpisodeIndex` of the storage's done
-flags (and one of its truncation flags where the items have them), finds each sampled
-step's window with one ``searchsorted`` per index (:func:`nstep_windows`, over the whole
-batch), reads the window's rewards with one gather of one column and the next step's entries
-with one gather of the last steps. The storage is never written.
+On tensor and memmap storages in CPU memory the whole batch is one numba pass
+(``_nstep_cpu.py``: each window scanned from its first step's flags, the returns summed from
+the reward column, the last step's rows copied into the batch). Its reference, for every
+other storage and device, is the general path here: the transform's own
+:class:`~rbdata.transforms.EpisodeIndex` of the done flags (and one of the truncation flags,
+where the items have them) gives each window with one ``searchsorted`` per index over the
+whole batch (:func:`nstep_windows`), then one read of one column gives the window's rewards
+and one gather the last steps' entries. The storage is never written.
 """
 
 from __future__ import annotations
