@@ -366,3 +366,16 @@ def test_dataloader_batches_with_their_index(kind: str, tmp_path) -> None:
         check_batch(transform(batch), model, batch["index"], n, gamma)
         seen += 1
     assert seen == 5
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_a_cuda_storage_takes_the_general_path_against_brute_force() -> None:
+    capacity, n, gamma = 29, 4, 0.9
+    storage = TensorStorage(capacity, device="cuda")
+    model = Steps(capacity)
+    rb = ReplayBuffer(storage, transform=NStepReturn(storage, n, gamma))
+    fill(rb, model, 6, 50)
+    batch = rb.sample(64)
+    assert batch["next", "reward"].is_cuda and batch["next", "steps"].is_cuda
+    check_batch(batch.cpu(), model, batch["index"].cpu(), n, gamma)
