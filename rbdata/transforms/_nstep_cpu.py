@@ -140,7 +140,7 @@ class NextPlan(NamedTuple):
     numels: list[int]  # values per row of each
     sizes: np.ndarray  # bytes per row of each (int64)
     flags: torch.Tensor  # the done column (one byte per step), one of ``columns``
-    cuts: torch.Tensor | None  # the truncation column so, one of ``columns`` (or ``None``)
+    cuts: torch.Tensor | None  # the truncation column so, one of ``columns`` (``None``: none)
 
 
 def _fits(column: torch.Tensor, capacity: int) -> bool:
@@ -232,9 +232,13 @@ class CpuNStep:
         if flags.element_size() != 1 or flags[:1].numel() != 1 or flags.is_floating_point():
             return None  # flags of another dtype: the general path reads them
         cut = self.truncated_key
-        cuts = columns[taken.index(cut)] if cut is not None and cut in taken else None
-        if cuts is not None and (cuts.element_size() != 1 or cuts[:1].numel() != 1):
-            cuts = None
+        cuts = None
+        if cut is not None and cut in keys:  # truncations end windows: one byte per step too
+            if cut not in taken:
+                return None
+            cuts = columns[taken.index(cut)]
+            if cuts.element_size() != 1 or cuts[:1].numel() != 1 or cuts.is_floating_point():
+                return None
         places.append(keys.index(self.reward_key))  # last: the reward's
         return NextPlan(
             layout, reward, reward[:1].numel(), like(reward.dtype), taken, places, columns,
@@ -253,7 +257,7 @@ class CpuNStep:
         needs (the general path then does the batch): the batch a plain, unlocked CPU
         TensorDict whose ``"index"`` is one int64 slot per item in ``[0, len(storage))`` and
         whose reward, done flag and ``("next", ...)`` entries are contiguous CPU tensors of the
-        storage's dtypes and sizes, and the done flags (and truncation flags, where the batch
+        storage's dtypes and sizes, and the done flags (and truncation flags, where the storage
         has them) one byte per step. ``ends(False)`` syncs the episode index and returns its
         time and base slot (the windows are scanned from the flags). ``in_place``: the
         batch's entries are the storage gather's own new tensors (``on_sampled``) and are
@@ -292,22 +296,15 @@ class CpuNStep:
             holder, old = entry_of(entries, key)
             if not _matches(old, column.dtype, size * numel):
                 return False
-            assert holder is not None  # found with its entry
-            holders.append(holder)
+            holders.append(holder)  # type: ignore[arg-type]  # found with its entry
             olds.append(old)
         if in_place:
             out, targets = reward, olds
         else:
             empty_like = torch.empty_like
             out, targets = empty_like(reward), [empty_like(old) for old in olds]
-        truncations = (
-            self.truncated_key is not None
-            and type(entry_of(entries, self.truncated_key)[1]) is torch.Tensor
-        )
-        cuts = plan.cuts
-        if truncations and cuts is None:
-            return False
-        cuts_at = cuts.data_ptr() if truncations and cuts is not None else 0
+        # the batch has every column of the plan, the truncations' included where it has one
+        cuts_at = 0 if plan.cuts is None else plan.cuts.data_ptr()
         k = np.empty(done.shape, np.int64)
         time, base = ends(False)[2:]  # syncs the index (its time and base slot)
         storage = self.storage
