@@ -379,3 +379,19 @@ def test_a_cuda_storage_takes_the_general_path_against_brute_force() -> None:
     batch = rb.sample(64)
     assert batch["next", "reward"].is_cuda and batch["next", "steps"].is_cuda
     check_batch(batch.cpu(), model, batch["index"].cpu(), n, gamma)
+
+
+@pytest.mark.parametrize("kind", ["tensor", "memmap", "frames"])
+def test_the_storage_is_never_written(kind: str, tmp_path) -> None:
+    """``on_sampled`` writes the sampled batch in place: never the storage's own memory."""
+    capacity = 31
+    storage = make_storage(kind, capacity, tmp_path)
+    rb = ReplayBuffer(storage, transform=NStepReturn(storage, 4, 0.5))
+    fill(rb, Steps(capacity, frames=kind == "frames"), 8, 45)
+    every = torch.arange(capacity)
+    before = storage[every].clone()
+    for _ in range(20):
+        rb.sample(64)
+    after = storage[every]
+    for key in before.keys(True, True):
+        assert torch.equal(after[key], before[key]), key
