@@ -60,6 +60,7 @@ bench: venv
 	$(PY) tests/benchmarks/bench_foundation.py
 	$(PY) tests/benchmarks/bench_samplers.py
 	$(PY) tests/benchmarks/bench_her.py
+	$(PY) tests/benchmarks/bench_nstep.py
 	$(PY) tests/benchmarks/bench_arrow.py
 	$(PY) tests/benchmarks/bench_checkpoint.py
 	$(PY) tests/benchmarks/bench_datasets.py

@@ -38,7 +38,7 @@ if TYPE_CHECKING:  # what the lazy names below are, for type checkers
         TensorStorage,
         tensordict_collate,
     )
-    from rbdata.transforms import HindsightRelabel
+    from rbdata.transforms import HindsightRelabel, NStepReturn
     from rbdata.writers import ImmutableWriter, MaxValueWriter, RoundRobinWriter
 
 __version__ = "0.1.0"
@@ -54,6 +54,7 @@ __all__ = [
     "MemmapStorage",
     "MixedBuffer",
     "MissingExtraError",
+    "NStepReturn",
     "PrioritizedSampler",
     "PrioritizedSliceSampler",
     "ReadOnlyError",
@@ -80,6 +81,7 @@ _LAZY = {
     "ReplayBuffer": "rbdata.buffer",
     "MixedBuffer": "rbdata.mixed",
     "HindsightRelabel": "rbdata.transforms",
+    "NStepReturn": "rbdata.transforms",
     **dict.fromkeys(
         (
             "BatchSampler",
