@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from rbdata.checkpoint._format import FORMAT, FORMAT_VERSION, META_FILE, STATE_FORMAT, TENSORS
 from rbdata.errors import CheckpointError
 from rbdata.samplers import (
     PrioritizedSampler,
@@ -41,13 +42,6 @@ __all__ = [
     "registered_name",
 ]
 
-#: the version written to ``checkpoint.json``; loading refuses any other
-FORMAT_VERSION = 1
-FORMAT = "rbdata.checkpoint"
-STATE_FORMAT = "rbdata.replay_buffer"
-#: the file of a checkpoint's live directory that marks it (format, classes, configs, states)
-META_FILE = "checkpoint.json"
-TENSORS = "tensors.bin"
 _BASES: dict[str, type] = {"storage": Storage, "sampler": Sampler, "writer": Writer}
 _REGISTRY: dict[str, type] = {}
 

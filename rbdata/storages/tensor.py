@@ -417,6 +417,6 @@ class TensorStorage(Storage):
         meta_file: Path | None = None,
     ) -> tuple[StorageInfo, list[str]]:
         """``layout.json`` and the header of the dumped directory; leaf files by size."""
-        from rbdata.storages.memmap import _persist
+        from rbdata.storages.memmap import _meta  # the format, torch-free; see dump
 
-        return _persist.describe_dir(directory)
+        return _meta.describe_dir(directory)
