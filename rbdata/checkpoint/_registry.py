@@ -38,6 +38,7 @@ __all__ = [
     "TENSORS",
     "class_name",
     "component_class",
+    "is_registered",
     "register",
     "registered_name",
 ]
@@ -97,6 +98,11 @@ for _cls in (
     MaxValueWriter,
 ):
     register(_cls)
+
+
+def is_registered(name: str) -> bool:
+    """Whether a class is registered as ``name`` (any kind)."""
+    return name in _REGISTRY
 
 
 def component_class(name: Any, kind: str) -> type:

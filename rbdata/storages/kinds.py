@@ -25,7 +25,7 @@ from typing import Any
 
 from rbdata.storages._describe import StorageInfo
 
-__all__ = ["DiskKind", "disk_kind", "disk_kinds", "register_disk_kind"]
+__all__ = ["DiskKind", "SavedKind", "disk_kind", "disk_kinds", "register_disk_kind", "saved_kind"]
 
 
 def _resolve(target: str) -> Any:
@@ -72,6 +72,50 @@ class DiskKind:
 
 
 _KINDS: dict[str, DiskKind] = {}
+
+
+@dataclass(frozen=True)
+class SavedKind:
+    """How a checkpoint's storage of one built-in class is checked and described, torch-free.
+
+    ``check_dump`` and ``describe_dump`` are ``"module:function"``: the functions that the
+    class's own :meth:`~rbdata.storages.Storage.check_dump` and
+    :meth:`~rbdata.storages.Storage.describe` call (``check_dump(class_name, directory,
+    config, state, meta_file)``, ``describe_dump(directory, config, state, meta_file)``).
+    """
+
+    class_name: str
+    check_dump: str
+    describe_dump: str
+
+    def check(self, directory: Path, config: Any, state: Any, meta_file: Path) -> Any:
+        """What ``check_dump`` of the class returns (the capacity first), or its error."""
+        return _resolve(self.check_dump)(self.class_name, directory, config, state, meta_file)
+
+    def describe(
+        self, directory: Path, config: Any, state: Any, meta_file: Path
+    ) -> tuple[StorageInfo, list[str]]:
+        """What ``describe`` of the class returns for a checkpoint's storage directory."""
+        info, problems = _resolve(self.describe_dump)(directory, config, state, meta_file)
+        return info, list(problems)
+
+
+_SAVED = {
+    name: SavedKind(
+        name,
+        "rbdata.storages.memmap._meta:check_dumped",
+        "rbdata.storages.memmap._meta:describe_dumped",
+    )
+    for name in ("TensorStorage", "MemmapStorage")
+}
+
+
+def saved_kind(class_name: str) -> SavedKind | None:
+    """How rbdata's storage class ``class_name`` checks and describes its dump, if known.
+
+    ``None`` for the classes whose hooks need their class (and torch): call those.
+    """
+    return _SAVED.get(class_name)
 
 
 def register_disk_kind(kind: DiskKind) -> None:

@@ -332,9 +332,9 @@ class TensorStorage(Storage):
         cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
     ) -> Any:
         """Check ``layout.json``, the header and every leaf file's size."""
-        from rbdata.storages.memmap import _persist
+        from rbdata.storages.memmap import _meta  # the format, torch-free; see dump
 
-        return _persist.check_dumped(cls, directory, config, state)
+        return _meta.check_dumped(cls.__name__, directory, config, state)
 
     @classmethod
     def restore(cls, saved: SavedStorage) -> TensorStorage:

@@ -93,7 +93,7 @@ def check_dumped(
     Returns:
         The capacity and the names of the files to copy (the metadata first).
     """
-    check_dumped_dir(cls, src, state, "layout.json")
+    check_dumped_dir(cls.__name__, src, state, "layout.json")
     # _rbdata.json is ArrowStorage's own format: its reader checks every field
     file = src / META_FILE
     meta = read_json(file, "storage")

@@ -86,7 +86,7 @@ def check_dumped(
     cls: type[Storage], directory: Path, config: dict[str, Any], state: Any, meta_file: Path
 ) -> tuple[int, FramesMeta]:
     """Check what a dump wrote (``frames.json``, ``steps/``, the frame files); the capacity."""
-    check_dumped_dir(cls, directory, state, META_FILE)
+    check_dumped_dir(cls.__name__, directory, state, META_FILE)
     try:
         meta = read_frames_meta(directory)
     except (OSError, ValueError) as err:

@@ -16,10 +16,13 @@ import reprlib
 from pathlib import Path
 from typing import Any
 
+from rbdata._core.checked import plain_file
 from rbdata._core.files import check_dir, inside, open_nofollow
 from rbdata._core.ids import TRAILER_BYTES
 from rbdata._core.spec import DTYPES, TENSOR, LayoutSpec
+from rbdata.errors import CheckpointError
 from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
+from rbdata.storages._persist import check_dumped_dir, check_max_size
 from rbdata.storages.memmap._header import Header, bad_field
 
 __all__ = [
@@ -28,7 +31,9 @@ __all__ = [
     "JOURNAL_FILE",
     "LAYOUT_FILE",
     "VERSION",
+    "check_dumped",
     "check_meta",
+    "describe_dumped",
     "describe_dir",
     "read_layout",
     "storage_id",
@@ -166,6 +171,46 @@ def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, LayoutSpec | None
     return capacity, LayoutSpec.from_json(layout), paths
 
 
+def check_dumped(
+    name: str, src: Path, config: dict[str, Any], state: Any, meta_file: Path | None = None
+) -> tuple[int, list[str]]:
+    """Check the metadata and files of a directory dumped by storage class ``name``.
+
+    What ``TensorStorage.check_dump`` (and ``MemmapStorage``'s) does, and what ``rbdata
+    inspect`` checks of a checkpoint's storage; returns the capacity (and no plan).
+    """
+    del meta_file  # the messages name the directory's own files
+    check_dumped_dir(name, src, state, LAYOUT_FILE)
+    # layout.json is MemmapStorage's own format: its reader checks every field and file name
+    file = src / LAYOUT_FILE
+    try:
+        meta = read_layout(src)
+        capacity, layout, leaves = check_meta(src, meta)
+        ident = storage_id(src, meta)
+    except (OSError, ValueError) as err:
+        raise CheckpointError(str(err)) from None
+    saved = state.get("id")  # absent from checkpoints written before storage ids
+    if saved is not None and saved != ident:
+        raise CheckpointError(
+            f"{src}: a storage directory of another checkpoint (layout.json's id {ident}, "
+            f"checkpoint.json recorded {saved!r:.40}); the folder was swapped or replaced"
+        )
+    check_max_size(config, capacity, file)
+    extra = TRAILER_BYTES if ident is not None else 0
+    for leaf, path in zip(layout.leaves if layout else (), leaves, strict=True):
+        row = leaf.numel * leaf.itemsize
+        size = plain_file(path, "storage").st_size
+        if size != capacity * row + extra:
+            with_id = f" + a {extra}-byte id trailer" if extra else ""
+            raise CheckpointError(
+                f"{path}: {size} bytes on disk, expected {capacity * row + extra} ({capacity} "
+                f"x {row} bytes{with_id}); truncated or corrupt"
+            )
+    # the header's format belongs to MemmapStorage: its counts are checked once it is open
+    plain_file(src / HEADER_FILE, "storage")
+    return capacity, []
+
+
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
     """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
     meta = read_layout(root)
@@ -195,3 +240,14 @@ def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
         if committed:
             details["journal"] = f"a committed write not yet in the files ({REPLAY_NOTE})"
     return StorageInfo("memmap", capacity, length, nxt, key_infos(layout), details), problems
+
+
+def describe_dumped(
+    directory: Path,
+    config: dict[str, Any] | None = None,
+    state: Any = None,
+    meta_file: Path | None = None,
+) -> tuple[StorageInfo, list[str]]:
+    """:func:`describe_dir` of a dumped directory (``TensorStorage.describe``'s signature)."""
+    del config, state, meta_file
+    return describe_dir(directory)
