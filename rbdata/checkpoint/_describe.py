@@ -149,10 +149,12 @@ def _storage(name: Any, config: Any, state: Any, live: Path) -> tuple[StorageInf
     # another class (ListStorage, ArrowStorage, a program's own): asked as load asks it
     from rbdata.checkpoint._registry import component_class
     from rbdata.checkpoint._storage_checks import check_storage
+    from rbdata.storages.base import Storage
 
     cls = component_class(name, "storage")
     check_storage(cls, config, state, live)
-    info, more = cls.describe(directory, config, state, file)
+    storage_cls: type[Storage] = cls
+    info, more = storage_cls.describe(directory, config, state, file)
     return info, list(more)
 
 
@@ -190,8 +192,11 @@ def _component(entry: dict[str, Any], kind: str, file: Path, table: list[Any]) -
 
         if builtin:  # rbdata's sampler: the function its describe_state calls, torch-free
             shown.update(describe_saved(name, state, read))
-        else:
-            shown.update(cls.describe_state(state, read))
+        else:  # a program's own sampler (torch is imported already)
+            from rbdata.samplers.base import Sampler
+
+            if cls is not None and issubclass(cls, Sampler):
+                shown.update(cls.describe_state(state, read))
     return out
 
 
