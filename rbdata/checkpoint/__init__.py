@@ -11,7 +11,7 @@ classes are looked up in a registry of known classes, never imported by name.
 ``state_dict``/``load_state_dict``; :func:`load_into` copies loaded components into a
 buffer's own (``rb.load``, and ``rb.loads`` called on a buffer).
 
-The names below are imported on first use: the format's names (:data:`META_FILE`...) and
+The names below are imported on first use: the format's names (``META_FILE``...) and
 :func:`describe` (what ``rbdata inspect`` reads) import no torch.
 """
 
