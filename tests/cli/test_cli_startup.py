@@ -177,3 +177,20 @@ def test_inspect_does_not_import_torch(kind: str, on_disk: dict[str, Path], tmp_
         state = summary.checkpoint["sampler"]["state"]
         assert state["total_priority"] is not None and state["min_priority"] is not None
         assert "total_priority:" in out
+
+
+def test_packages_are_lazy_and_complete(tmp_path: Path) -> None:
+    code = (
+        "import sys, types\n"
+        "import rbdata.checkpoint, rbdata.samplers, rbdata.storages\n"
+        "import rbdata.storages.arrow, rbdata.storages.frames, rbdata.storages.memmap\n"
+        "lazy = 'torch' not in sys.modules\n"
+        "mods = [rbdata.checkpoint, rbdata.samplers, rbdata.storages, rbdata.storages.arrow,\n"
+        "        rbdata.storages.frames, rbdata.storages.memmap]\n"
+        "missing = [f'{m.__name__}.{n}' for m in mods for n in m.__all__\n"
+        "           if getattr(m, n, None) is None]\n"
+        "from rbdata.storages import convert\n"
+        "ok = callable(convert) and not isinstance(convert, types.ModuleType)\n"
+        "print(lazy, missing, ok)"
+    )
+    assert _run(code, tmp_path) == "True [] True"
