@@ -23,10 +23,10 @@ from typing import Any
 
 from rbdata._core.atomic import CURRENT
 from rbdata._core.files import inside
-from rbdata._core.layout import STRING, TENSOR
+from rbdata._core.spec import STRING, TENSOR
 from rbdata.checkpoint import META_FILE
-from rbdata.checkpoint import describe as describe_checkpoint
-from rbdata.storages import KeyInfo, StorageInfo, storage_kind, storage_kinds
+from rbdata.storages import KeyInfo, StorageInfo
+from rbdata.storages.kinds import disk_kind, disk_kinds
 
 __all__ = ["KeyInfo", "StorageInfo", "Summary", "format_summary", "inspect_path"]
 
@@ -93,13 +93,13 @@ def inspect_path(path: str | os.PathLike[str]) -> Summary:
     elif _DATASET_FILE in names:
         kind = "dataset"
         info, storage_class, extra, problems = _dataset(root)
-    elif (cls := storage_kind(names=names)) is not None:
-        kind = cls.kind or ""
-        info, problems = cls.describe(root)
-        storage_class, extra = cls.__name__, None
+    elif (entry := disk_kind(names=names)) is not None:
+        kind = entry.kind
+        info, problems = entry.describe(root)
+        storage_class, extra = entry.class_name, None
     else:
         what = "an empty directory" if not names else "a directory"
-        markers = " or ".join(str(c.marker_file) for c in storage_kinds().values())
+        markers = " or ".join(k.marker_file for k in disk_kinds().values())
         raise ValueError(
             f"{str(root)!r} is {what}, not a storage directory or checkpoint (no {CURRENT}, "
             f"{META_FILE}, {_DATASET_FILE}, {markers})"
@@ -128,6 +128,8 @@ def _tree_size(root: Path) -> tuple[int, int]:
 
 # --- checkpoints -----------------------------------------------------------------------------
 def _checkpoint(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
+    from rbdata.checkpoint import describe as describe_checkpoint
+
     c = describe_checkpoint(root)  # the checkpoint package reads its own format
     extra: dict[str, Any] = {"live": c.live, "batch_size": c.batch_size}
     extra.update(checksums=c.checksums, sampler=c.sampler, writer=c.writer)
@@ -141,21 +143,21 @@ def _dataset(root: Path) -> tuple[StorageInfo, str, dict[str, Any], list[str]]:
     meta = read_entry(root)
     file = root / _DATASET_FILE
     backend = meta.get("backend")
-    cls = storage_kind(backend) if isinstance(backend, str) else None
-    if cls is None:
-        kinds = " or ".join(repr(kind) for kind in storage_kinds())
+    entry = disk_kind(backend) if isinstance(backend, str) else None
+    if entry is None:
+        kinds = " or ".join(repr(kind) for kind in disk_kinds())
         raise _bad_field(file, "backend", backend, kinds)
     storage = inside(root, STORAGE_DIR, "storage directory")
     if not storage.is_dir():
         raise FileNotFoundError(f"{str(root)!r}: a dataset entry without its {STORAGE_DIR}/")
-    info, problems = cls.describe(storage)
+    info, problems = entry.describe(storage)
     extra = {k: meta.get(k) for k in ("family", "id", "backend", "transitions", "episodes")}
     if extra["transitions"] != info.length:
         problems.append(
             f"{_DATASET_FILE} says {extra['transitions']!r} transitions, the storage holds "
             f"{info.length}"
         )
-    return info, cls.__name__, extra, problems
+    return info, entry.class_name, extra, problems
 
 
 # --- text report ---------------------------------------------------------------------------

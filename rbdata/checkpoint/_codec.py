@@ -11,7 +11,6 @@ run code when reading.
 
 from __future__ import annotations
 
-import math
 import numbers
 import os
 from pathlib import Path
@@ -24,7 +23,9 @@ from tensordict import TensorDict, TensorDictBase
 from rbdata._core.checksum import crc32
 from rbdata._core.files import open_nofollow, preallocate
 from rbdata.checkpoint._checksum import entry
-from rbdata.checkpoint._validate import check_int, get, get_list, plain_file
+from rbdata.checkpoint._format import ALIGN as _ALIGN
+from rbdata.checkpoint._format import MARK
+from rbdata.checkpoint._meta import check_table as check_table_names
 from rbdata.errors import CheckpointError
 
 __all__ = [
@@ -38,8 +39,6 @@ __all__ = [
 ]
 
 #: the key that marks a non-JSON value in an encoded state
-MARK = "$rb"
-_ALIGN = 64
 
 
 def dtype_from_name(name: Any) -> torch.dtype:
@@ -194,27 +193,10 @@ def write_tensors(
 def check_table(file: Path, table: Any) -> list[tuple[torch.dtype, list[int], int, int]]:
     """Check a tensor table against the size of ``file``; nothing is read or allocated.
 
-    Returns ``(dtype, shape, offset, nbytes)`` per tensor.
+    Returns ``(dtype, shape, offset, nbytes)`` per tensor (the torch-free
+    :func:`~rbdata.checkpoint._meta.check_table`, its dtype names made torch dtypes).
     """
-    if not isinstance(table, list):
-        raise CheckpointError(f"{file}: the tensor table is not a list")
-    size = plain_file(file, "tensor table").st_size
-    out = []
-    for k, item in enumerate(table):
-        where = f"tensors[{k}]"
-        name = get(item, "dtype", file, where)
-        dtype = dtype_from_name(name)
-        dims = get_list(item, "shape", file, where)
-        shape = [check_int(s, file, f"{where}.shape", low=-1) for s in dims]
-        offset = check_int(get(item, "offset", file, where), file, f"{where}.offset", low=-1)
-        nbytes = math.prod(shape) * dtype.itemsize  # Python ints: no overflow
-        if min(shape, default=0) < 0 or offset < 0 or offset % _ALIGN or offset + nbytes > size:
-            raise CheckpointError(
-                f"{file}: tensor {k} ({name} {shape} at byte {offset}) does not fit "
-                f"the {size}-byte file; truncated or corrupt"
-            )
-        out.append((dtype, shape, offset, nbytes))
-    return out
+    return [(getattr(torch, d), s, o, n) for d, s, o, n in check_table_names(file, table)]
 
 
 def read_tensors(file: Path, table: Any) -> list[torch.Tensor]:

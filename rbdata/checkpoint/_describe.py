@@ -5,27 +5,42 @@ is validated the same way): ``checkpoint.json``, the tensor table of ``tensors.b
 storage's own metadata (:meth:`~rbdata.storages.Storage.describe`) and the few elements of
 saved state tensors a sampler asks for (:meth:`~rbdata.samplers.base.Sampler.describe_state`,
 one ``pread`` each). Data files are never opened or mapped; nothing is written.
+
+No torch is imported for rbdata's own classes that describe their dumps without it (a
+memmap-dumped ``TensorStorage``/``MemmapStorage``: :func:`rbdata.storages.kinds.saved_kind`;
+samplers: :mod:`rbdata.samplers.saved`): the same checks run through torch-free readers
+(:mod:`!rbdata.checkpoint._meta`). Other storage classes, and classes registered by a
+program (which has imported torch already), are asked through their class as ``load`` does.
 """
 
 from __future__ import annotations
 
 import math
 import os
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+import numpy as np
 
 from rbdata._core.atomic import CURRENT, live_dir, read_live
 from rbdata._core.files import open_nofollow
-from rbdata.checkpoint._codec import MARK, check_table
-from rbdata.checkpoint._registry import FORMAT, FORMAT_VERSION, META_FILE, TENSORS, component_class
-from rbdata.checkpoint._storage_checks import DIR, check_storage
-from rbdata.checkpoint._validate import read_checkpoint_meta
+from rbdata._core.spec import DTYPES
+from rbdata.checkpoint._format import (
+    BUILTIN,
+    DIR,
+    FORMAT,
+    FORMAT_VERSION,
+    MARK,
+    META_FILE,
+    TENSORS,
+)
+from rbdata.checkpoint._meta import check_table, read_checkpoint_meta
 from rbdata.errors import CheckpointError
-from rbdata.samplers.base import Sampler
-from rbdata.storages import Storage, StorageInfo
+from rbdata.samplers.saved import describe_saved
+from rbdata.storages import StorageInfo
+from rbdata.storages.kinds import saved_kind
 
 __all__ = ["CheckpointInfo", "describe"]
 
@@ -101,11 +116,8 @@ def _describe_live(live: Path) -> CheckpointInfo:
         problems = []
     entry = meta["storage"]
     storage_class = entry["class"]
-    cls = component_class(storage_class, "storage")
-    check_storage(cls, entry["config"], entry["state"], live)  # what load checks first
-    storage_cls: type[Storage] = cls
     try:  # the storage class reads what its own dump wrote (metadata only)
-        info, more = storage_cls.describe(live / DIR, entry["config"], entry["state"], file)
+        info, more = _storage(storage_class, entry["config"], entry["state"], live)
     except CheckpointError:
         raise
     except ValueError as err:
@@ -114,12 +126,7 @@ def _describe_live(live: Path) -> CheckpointInfo:
     parts = {}
     for kind in ("sampler", "writer"):
         part = meta[kind]
-        name = part["class"]
-        try:
-            part_cls: type | None = component_class(name, kind)
-        except CheckpointError:
-            part_cls = None  # a custom class of another program
-        parts[kind] = _component(part, part_cls, live / TENSORS, table)
+        parts[kind] = _component(part, kind, live / TENSORS, table)
     return CheckpointInfo(
         live=live.name,
         batch_size=meta["batch_size"],
@@ -132,20 +139,64 @@ def _describe_live(live: Path) -> CheckpointInfo:
     )
 
 
-def _component(entry: dict[str, Any], cls: type | None, file: Path, table: list[Any]) -> Any:
+def _storage(name: Any, config: Any, state: Any, live: Path) -> tuple[StorageInfo, list[str]]:
+    """The storage's ``check_dump`` (what load checks first), then its ``describe``."""
+    file, directory = live / META_FILE, live / DIR
+    saved = saved_kind(name) if isinstance(name, str) else None
+    if saved is not None:  # rbdata's class: the functions its hooks call, torch-free
+        saved.check(directory, config, state, file)
+        return saved.describe(directory, config, state, file)
+    # another class (ListStorage, ArrowStorage, a program's own): asked as load asks it
+    from rbdata.checkpoint._registry import component_class
+    from rbdata.checkpoint._storage_checks import check_storage
+    from rbdata.storages.base import Storage
+
+    cls = component_class(name, "storage")
+    check_storage(cls, config, state, live)
+    storage_cls: type[Storage] = cls
+    info, more = storage_cls.describe(directory, config, state, file)
+    return info, list(more)
+
+
+def _registered(name: Any, kind: str) -> type | None:
+    """A program's own class registered as ``name`` in this process, if any.
+
+    Such a class was registered through ``rbdata.checkpoint.register``, so the registry
+    (and torch) is imported already; nothing is imported here otherwise.
+    """
+    registry = sys.modules.get("rbdata.checkpoint._registry")
+    if registry is None or not isinstance(name, str) or not registry.is_registered(name):
+        return None
+    try:
+        cls: type = registry.component_class(name, kind)
+    except CheckpointError:
+        return None
+    return cls
+
+
+def _component(entry: dict[str, Any], kind: str, file: Path, table: list[Any]) -> Any:
     """Class, config and state of a sampler or writer; tensors shown by dtype and shape."""
-    out: dict[str, Any] = {"class": entry["class"]}
-    if cls is None:
-        out["registered"] = False
+    name = entry["class"]
+    builtin = isinstance(name, str) and name in BUILTIN[kind]
+    cls = None if builtin else _registered(name, kind)
+    out: dict[str, Any] = {"class": name}
+    if not builtin and cls is None:
+        out["registered"] = False  # a custom class of another program
     out["config"] = _plain(entry["config"], table)
     state = entry["state"]
     out["state"] = shown = _plain(state, table)
-    if cls is not None and issubclass(cls, Sampler) and isinstance(shown, dict):
+    if kind == "sampler" and (builtin or cls is not None) and isinstance(shown, dict):
 
         def read(value: Any, i: int) -> float | None:
             return _element(file, table, value, i)
 
-        shown.update(cls.describe_state(state, read))
+        if builtin:  # rbdata's sampler: the function its describe_state calls, torch-free
+            shown.update(describe_saved(name, state, read))
+        else:  # a program's own sampler (torch is imported already)
+            from rbdata.samplers.base import Sampler
+
+            if cls is not None and issubclass(cls, Sampler):
+                shown.update(cls.describe_state(state, read))
     return out
 
 
@@ -180,10 +231,26 @@ def _element(file: Path, table: list[Any], ref: Any, index: int) -> float | None
     i = ref.get("i") if isinstance(ref, dict) and ref.get(MARK) == "tensor" else None
     if not isinstance(i, int) or isinstance(i, bool) or not 0 <= i < len(table):
         return None
-    dtype, shape, offset, _ = table[i]
-    if not dtype.is_floating_point or len(shape) != 1 or not 0 <= index < shape[0]:
+    name, shape, offset, _ = table[i]
+    dtype = DTYPES[name]
+    if not dtype.floating or len(shape) != 1 or not 0 <= index < shape[0]:
         return None
     with open_nofollow(file, "rb") as f:
         raw = os.pread(f.fileno(), dtype.itemsize, offset + index * dtype.itemsize)
-    value = float(torch.frombuffer(bytearray(raw), dtype=dtype)[0])
+    if len(raw) != dtype.itemsize:
+        return None
+    value = _float(raw, name)
     return value if math.isfinite(value) else None
+
+
+def _float(raw: bytes, name: str) -> float:
+    """The float in ``raw`` bytes of dtype ``name`` (native byte order, as written)."""
+    if name in ("float16", "float32", "float64"):
+        return float(np.frombuffer(raw, dtype=name)[0])
+    if name == "bfloat16":  # the upper half of a float32
+        return float(
+            np.frombuffer(raw, dtype=np.uint16).astype(np.uint32).__lshift__(16).view(np.float32)[0]
+        )
+    import torch  # float8 and the like: numpy has no such dtype (never a sampler's tree)
+
+    return float(torch.frombuffer(bytearray(raw), dtype=getattr(torch, name))[0])

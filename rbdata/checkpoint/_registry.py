@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any, TypeVar
 
+from rbdata.checkpoint._format import FORMAT, FORMAT_VERSION, META_FILE, STATE_FORMAT, TENSORS
 from rbdata.errors import CheckpointError
 from rbdata.samplers import (
     PrioritizedSampler,
@@ -38,17 +39,11 @@ __all__ = [
     "TENSORS",
     "class_name",
     "component_class",
+    "is_registered",
     "register",
     "registered_name",
 ]
 
-#: the version written to ``checkpoint.json``; loading refuses any other
-FORMAT_VERSION = 1
-FORMAT = "rbdata.checkpoint"
-STATE_FORMAT = "rbdata.replay_buffer"
-#: the file of a checkpoint's live directory that marks it (format, classes, configs, states)
-META_FILE = "checkpoint.json"
-TENSORS = "tensors.bin"
 _BASES: dict[str, type] = {"storage": Storage, "sampler": Sampler, "writer": Writer}
 _REGISTRY: dict[str, type] = {}
 
@@ -105,6 +100,11 @@ for _cls in (
     MaxValueWriter,
 ):
     register(_cls)
+
+
+def is_registered(name: str) -> bool:
+    """Whether a class is registered as ``name`` (any kind)."""
+    return name in _REGISTRY
 
 
 def component_class(name: Any, kind: str) -> type:

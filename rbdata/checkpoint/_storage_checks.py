@@ -12,12 +12,10 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from rbdata.checkpoint._format import DIR
 from rbdata.storages.base import Storage
 
 __all__ = ["DIR", "check_storage"]
-
-#: the subdirectory of a checkpoint that holds the storage's files
-DIR = "storage"
 
 
 def check_storage(cls: type[Storage], config: dict[str, Any], state: Any, root: Path) -> Any:

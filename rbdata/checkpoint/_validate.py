@@ -9,7 +9,6 @@ failure raises :class:`~rbdata.errors.CheckpointError` naming the file and the f
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import torch
@@ -27,6 +26,7 @@ from rbdata._core.checked import (
     read_json,
     read_small,
 )
+from rbdata.checkpoint._meta import read_checkpoint_meta
 from rbdata.errors import CheckpointError
 from rbdata.samplers.prioritized import PrioritizedSampler
 from rbdata.samplers.prioritized_slice import PrioritizedSliceSampler
@@ -47,32 +47,6 @@ __all__ = [
     "read_json",
     "read_small",
 ]
-
-
-def read_checkpoint_meta(file: Path, fmt: str, version: int) -> dict[str, Any]:
-    """Read ``checkpoint.json``; check its format, version and top-level fields."""
-    if not file.exists() and not file.is_symlink():
-        raise CheckpointError(f"{str(file.parent)!r} is not an rbdata checkpoint: no {file.name}")
-    meta = read_json(file, "metadata")
-    if not isinstance(meta, dict) or meta.get("format") != fmt:
-        raise CheckpointError(f"{file}: not an {fmt} directory")
-    found = meta.get("version")
-    if isinstance(found, bool) or found != version:
-        raise CheckpointError(f"{file}: format version {found!r:.40}, expected {version}")
-    batch_size = get(meta, "batch_size", file, "")
-    if batch_size is not None:
-        check_int(batch_size, file, "batch_size", 1)
-    get_list(meta, "tensors", file, "")
-    for kind in ("storage", "sampler", "writer"):
-        entry = get_dict(meta, kind, file, "")
-        get(entry, "class", file, kind)
-        get(entry, "state", file, kind)
-        if not isinstance(get(entry, "config", file, kind), dict):
-            raise CheckpointError(
-                f"{file}: field '{kind}.config': {kind}: the config must be a dict, got "
-                f"{type(entry['config']).__name__}"
-            )
-    return meta
 
 
 def check_component(

@@ -22,6 +22,7 @@ from rbdata.samplers._trees.backend import TreeBackend, TreeSpec, check_beyond, 
 from rbdata.samplers._trees.cpu import CpuTrees
 from rbdata.samplers._trees.device import DeviceTrees
 from rbdata.samplers.base import Sampler, check_bool
+from rbdata.samplers.saved import tree_totals
 
 __all__ = ["PrioritizedSampler"]
 
@@ -376,10 +377,7 @@ class PrioritizedSampler(GeneratorDrawState, Sampler):
             >>> PrioritizedSampler.describe_state(saved, lambda t, i: float(t[i]))
             {'total_priority': 2.0, 'min_priority': 2.0}
         """
-        return {
-            "total_priority": read(state.get("sum_tree"), _sumtree.ROOT),
-            "min_priority": read(state.get("min_tree"), _sumtree.ROOT),
-        }
+        return tree_totals(state, read)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Restore a state from :meth:`state_dict` (same capacity)."""

@@ -1,23 +1,32 @@
-"""Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items."""
+"""Storages: fixed-capacity, map-style :class:`torch.utils.data.Dataset` s of items.
 
-from rbdata.storages._collate import tensordict_collate, wrap_for_collate
-from rbdata.storages._describe import KeyInfo, StorageInfo
-from rbdata.storages.arrow import ArrowStorage
-from rbdata.storages.base import (
-    Codec,
-    Prepared,
-    SavedStorage,
-    Storage,
-    WriteTarget,
-    register_kind,
-    storage_kind,
-    storage_kinds,
-)
-from rbdata.storages.convert import convert
-from rbdata.storages.frames import FrameStackStorage
-from rbdata.storages.list import ListStorage
-from rbdata.storages.memmap import DirectoryWriter, MemmapStorage
-from rbdata.storages.tensor import TensorStorage
+The names below are imported on first use, as :mod:`rbdata`'s are: ``import
+rbdata.storages.kinds`` (the on-disk kinds, what ``rbdata inspect`` reads) imports no torch.
+"""
+
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # what the lazy names below are, for type checkers
+    from rbdata.storages._collate import tensordict_collate, wrap_for_collate
+    from rbdata.storages._convert import convert
+    from rbdata.storages._describe import KeyInfo, StorageInfo
+    from rbdata.storages.arrow import ArrowStorage
+    from rbdata.storages.base import (
+        Codec,
+        Prepared,
+        SavedStorage,
+        Storage,
+        WriteTarget,
+        storage_kind,
+        storage_kinds,
+    )
+    from rbdata.storages.frames import FrameStackStorage
+    from rbdata.storages.list import ListStorage
+    from rbdata.storages.memmap import DirectoryWriter, MemmapStorage
+    from rbdata.storages.tensor import TensorStorage
 
 __all__ = [
     "ArrowStorage",
@@ -40,7 +49,43 @@ __all__ = [
     "wrap_for_collate",
 ]
 
-# the on-disk kinds, in the order ``rbdata inspect`` recognises their directories
-register_kind(MemmapStorage)
-register_kind(ArrowStorage)
-register_kind(FrameStackStorage)
+#: each lazy name → the module that defines it
+_LAZY = {
+    "tensordict_collate": "rbdata.storages._collate",
+    "wrap_for_collate": "rbdata.storages._collate",
+    "KeyInfo": "rbdata.storages._describe",
+    "StorageInfo": "rbdata.storages._describe",
+    "ArrowStorage": "rbdata.storages.arrow",
+    **dict.fromkeys(
+        (
+            "Codec",
+            "Prepared",
+            "SavedStorage",
+            "Storage",
+            "WriteTarget",
+            "storage_kind",
+            "storage_kinds",
+        ),
+        "rbdata.storages.base",
+    ),
+    "convert": "rbdata.storages._convert",
+    "FrameStackStorage": "rbdata.storages.frames",
+    "ListStorage": "rbdata.storages.list",
+    "DirectoryWriter": "rbdata.storages.memmap",
+    "MemmapStorage": "rbdata.storages.memmap",
+    "TensorStorage": "rbdata.storages.tensor",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazy name on first use (PEP 562); it is a plain attribute afterwards."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'rbdata.storages' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -2,6 +2,7 @@
 
 :meth:`Storage.describe <rbdata.storages.Storage.describe>` returns a :class:`StorageInfo`
 (counts, keys, details) read from a storage's metadata alone; ``rbdata inspect`` renders it.
+This module imports no torch (``rbdata inspect`` does not).
 Storage classes that own an on-disk directory format register under a *kind* name
 (``"memmap"``, ``"arrow"``) with the name of the metadata file that marks such a directory:
 :func:`storage_kind` finds the class of a directory or of a dataset entry's ``backend``.
@@ -13,9 +14,12 @@ import os
 import stat
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from rbdata._core.layout import TENSOR, Layout
+from rbdata._core.spec import TENSOR, LayoutSpec
+
+if TYPE_CHECKING:
+    from rbdata._core.layout import Layout
 
 __all__ = [
     "REPLAY_NOTE",
@@ -48,8 +52,12 @@ class StorageInfo:
     details: dict[str, Any] = field(default_factory=dict)
 
 
-def key_infos(layout: Layout | None) -> tuple[KeyInfo, ...]:
-    """The :class:`KeyInfo` of every leaf of ``layout`` (none without a layout)."""
+def key_infos(layout: Layout | LayoutSpec | None) -> tuple[KeyInfo, ...]:
+    """The :class:`KeyInfo` of every leaf of ``layout`` (none without a layout).
+
+    ``layout`` is a storage's :class:`~rbdata._core.layout.Layout` or, read from metadata
+    without torch, a :class:`~rbdata._core.spec.LayoutSpec` (dtypes as names).
+    """
     if layout is None:
         return ()
     return tuple(

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from rbdata.errors import CheckpointError
-from rbdata.storages.base import Storage
+
+if TYPE_CHECKING:
+    from rbdata.storages.base import Storage
 
 __all__ = ["check_config", "check_dumped_dir", "check_max_size", "saved_counts"]
 
@@ -39,12 +41,13 @@ def check_config(storage: Storage, config: dict[str, Any]) -> None:
             )
 
 
-def check_dumped_dir(cls: type[Storage], directory: Path, state: Any, meta: str) -> None:
-    """The state of a storage dumped as files names ``directory``, a plain directory."""
+def check_dumped_dir(name: str, directory: Path, state: Any, meta: str) -> None:
+    """The state of a storage dumped as files names ``directory``, a plain directory.
+
+    ``name`` is the storage class's name (for the message).
+    """
     if not isinstance(state, dict) or state.get("dir") != directory.name:
-        raise CheckpointError(
-            f"{cls.__name__}: the state must name its directory {directory.name!r}"
-        )
+        raise CheckpointError(f"{name}: the state must name its directory {directory.name!r}")
     if directory.is_symlink() or not directory.is_dir():
         what = "a symlink" if directory.is_symlink() else "missing"
         raise CheckpointError(f"{directory}: the storage directory is {what} (no {meta})")

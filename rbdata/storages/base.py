@@ -45,6 +45,7 @@ from rbdata.storages._collate import wrap_for_collate
 from rbdata.storages._describe import StorageInfo
 from rbdata.storages._prepared import Prepared
 from rbdata.storages._target import WriteTarget
+from rbdata.storages.kinds import DiskKind, disk_kind, disk_kinds, register_disk_kind
 
 __all__ = [
     "Codec",
@@ -656,21 +657,33 @@ def copy_rows(src: Storage, dst: Storage, length: int, rows: int) -> None:
 
 
 _S = TypeVar("_S", bound="type[Storage]")
-_KINDS: dict[str, type[Storage]] = {}
 
 
 def register_kind(cls: _S) -> _S:
-    """Register a storage class under its ``kind`` (a class decorator; inside storages)."""
+    """Register a storage class under its ``kind`` (a class decorator).
+
+    The built-in kinds are in :mod:`rbdata.storages.kinds` already (by location, so that
+    ``rbdata inspect`` imports no torch); a class registered here is described by its own
+    :meth:`Storage.describe`.
+    """
     kind = cls.kind
     if kind is None or cls.marker_file is None:
         raise TypeError(f"{cls.__name__} names no kind and marker file")
-    _KINDS[kind] = cls
+    where = f"{cls.__module__}:{cls.__qualname__}"
+    register_disk_kind(DiskKind(kind, cls.marker_file, where, f"{where}.describe"))
+    return cls
+
+
+def _storage_class(entry: DiskKind) -> type[Storage]:
+    cls = entry.load_class()
+    if not (isinstance(cls, type) and issubclass(cls, Storage)):
+        raise TypeError(f"storage kind {entry.kind!r}: {entry.storage_class} is no Storage")
     return cls
 
 
 def storage_kinds() -> dict[str, type[Storage]]:
     """The registered kinds: kind name to storage class (``"memmap"``, ``"arrow"``)."""
-    return dict(_KINDS)
+    return {name: _storage_class(entry) for name, entry in disk_kinds().items()}
 
 
 def storage_kind(kind: str | None = None, names: Collection[str] = ()) -> type[Storage] | None:
@@ -679,9 +692,5 @@ def storage_kind(kind: str | None = None, names: Collection[str] = ()) -> type[S
     ``names`` are the entries of a directory (nothing is read or followed). ``None`` if no
     registered class matches.
     """
-    if kind is not None:
-        return _KINDS.get(kind)
-    for cls in _KINDS.values():
-        if cls.marker_file in names:
-            return cls
-    return None
+    entry = disk_kind(kind, names)
+    return None if entry is None else _storage_class(entry)

@@ -332,9 +332,9 @@ class TensorStorage(Storage):
         cls, directory: Path, config: dict[str, Any], state: Any, meta_file: Path
     ) -> Any:
         """Check ``layout.json``, the header and every leaf file's size."""
-        from rbdata.storages.memmap import _persist
+        from rbdata.storages.memmap import _meta  # the format, torch-free; see dump
 
-        return _persist.check_dumped(cls, directory, config, state)
+        return _meta.check_dumped(cls.__name__, directory, config, state)
 
     @classmethod
     def restore(cls, saved: SavedStorage) -> TensorStorage:
@@ -417,6 +417,6 @@ class TensorStorage(Storage):
         meta_file: Path | None = None,
     ) -> tuple[StorageInfo, list[str]]:
         """``layout.json`` and the header of the dumped directory; leaf files by size."""
-        from rbdata.storages.memmap import _persist
+        from rbdata.storages.memmap import _meta  # the format, torch-free; see dump
 
-        return _persist.describe_dir(directory)
+        return _meta.describe_dir(directory)

@@ -40,6 +40,7 @@ from rbdata._core.layout.values import (
     to_tensor,
     variable_leaf,
 )
+from rbdata._core.spec import LayoutSpec, LeafSpec
 
 __all__ = ["RAGGED", "STRING", "TENSOR", "Key", "Layout", "Leaf", "flatten", "nest"]
 
@@ -122,33 +123,32 @@ class Layout:
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-able description (keys, shapes, dtype names)."""
-        return {
-            "kind": self.kind,
-            "leaves": [
-                {
-                    "key": list(leaf.key),
-                    "shape": list(leaf.shape),
-                    "dtype": str(leaf.dtype)[6:],
-                    **({} if leaf.kind == TENSOR else {"kind": leaf.kind}),
-                }
-                for leaf in self.leaves
-            ],
-        }
+        return self.spec().to_json()
+
+    def spec(self) -> LayoutSpec:
+        """The layout as a metadata record (dtypes as names; see :mod:`rbdata._core.spec`)."""
+        leaves = (
+            LeafSpec(leaf.key, leaf.shape, str(leaf.dtype)[6:], leaf.kind) for leaf in self.leaves
+        )
+        return LayoutSpec(self.kind, tuple(leaves))
 
     @classmethod
     def from_json(cls, obj: Mapping[str, Any]) -> Layout:
-        """Rebuild a layout written by :meth:`to_json`; refuses unknown dtypes."""
-        leaves = []
-        for entry in obj["leaves"]:
-            dtype = getattr(torch, str(entry["dtype"]), None)
-            if not isinstance(dtype, torch.dtype):
-                raise ValueError(f"unknown dtype {entry['dtype']!r} in layout")
-            kind = str(entry.get("kind", TENSOR))
-            if kind not in (TENSOR, RAGGED, STRING):
-                raise ValueError(f"unknown leaf kind {kind!r} in layout")
-            shape = tuple(int(s) for s in entry["shape"])
-            leaves.append(Leaf(tuple(entry["key"]), shape, dtype, kind))
-        return cls(str(obj["kind"]), leaves)
+        """Rebuild a layout written by :meth:`to_json`; refuses unknown dtypes.
+
+        The JSON is read by :meth:`LayoutSpec.from_json <rbdata._core.spec.LayoutSpec>`, the
+        torch-free reader that ``rbdata inspect`` uses too.
+        """
+        return cls.from_spec(LayoutSpec.from_json(obj))
+
+    @classmethod
+    def from_spec(cls, spec: LayoutSpec) -> Layout:
+        """The layout of a checked metadata record (dtype names become torch dtypes)."""
+        leaves = [
+            Leaf(leaf.key, leaf.shape, getattr(torch, leaf.dtype), leaf.kind)
+            for leaf in spec.leaves
+        ]
+        return cls(spec.kind, leaves)
 
     # --- validation ----------------------------------------------------------------------
     def _castable(self, given: torch.dtype, expected: torch.dtype) -> bool:

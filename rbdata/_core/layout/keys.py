@@ -18,6 +18,9 @@ import numpy as np
 import torch
 from tensordict import NonTensorData, NonTensorStack, TensorDict, TensorDictBase
 
+# what flatten says data is, and the kinds of leaves (torch-free: rbdata._core.spec)
+from rbdata._core.spec import DICT_KIND, RAGGED, STRING, TENSOR, TENSOR_KIND
+
 __all__ = [
     "DICT_KIND",
     "NON_TENSOR",
@@ -51,16 +54,6 @@ def key_name(key: Key) -> str:
 def key_names(keys: Sequence[Key]) -> str:
     """A list of key names for error messages."""
     return "[" + ", ".join(key_name(k) for k in keys) + "]"
-
-
-#: What :func:`flatten` says data is: a plain tensor (one leaf, key ``()``) or dict-like.
-TENSOR_KIND, DICT_KIND = "tensor", "tensordict"
-
-
-#: Kinds of leaves: fixed-shape tensors (every storage), and the variable-length kinds that
-#: only :class:`~rbdata.storages.ArrowStorage` keeps: tensors whose first dimension varies per
-#: item (``shape`` is then the fixed trailing shape) and strings.
-TENSOR, RAGGED, STRING = "tensor", "ragged", "string"
 
 
 @dataclass(frozen=True)

@@ -54,9 +54,10 @@ __all__ = [
 
 from rbdata.samplers._trees import torch_ops as _torch_tree
 from rbdata.samplers._trees.numba_kernels import _nb_draw, _nb_find, _nb_update
+from rbdata.samplers.saved import TREE_ARITY, TREE_ROOT
 
-ARITY = 8
-ROOT = ARITY - 1  # padding before the root aligns every block of children to ARITY elements
+ARITY = TREE_ARITY
+ROOT = TREE_ROOT  # padding before the root aligns every block of children to ARITY elements
 
 
 def leaf_count(capacity: int) -> int:

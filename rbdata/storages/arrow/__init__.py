@@ -13,10 +13,32 @@
   persistence hooks);
 - ``_writer``: the one writer's hold on a directory;
 - ``_persist``: the dump format behind the persistence hooks, as functions over paths and
-  checkpoint state (the files to copy, a dump's checks, a restore's own directory,
-  ``describe`` for ``rbdata inspect``).
+  checkpoint state (the files to copy, a dump's checks, a restore's own directory);
+- ``_meta``: ``_rbdata.json`` read and checked without torch (what ``open`` checks first),
+  its file names, and ``describe`` for ``rbdata inspect``.
+
+The name below is imported on first use: ``rbdata inspect`` imports ``_meta`` alone.
 """
 
-from rbdata.storages.arrow.storage import ArrowStorage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rbdata.storages.arrow.storage import ArrowStorage
 
 __all__ = ["ArrowStorage"]
+
+
+def __getattr__(name: str) -> Any:
+    """Import :class:`ArrowStorage` on first use (PEP 562)."""
+    if name != "ArrowStorage":
+        raise AttributeError(f"module 'rbdata.storages.arrow' has no attribute {name!r}")
+    value = importlib.import_module("rbdata.storages.arrow.storage").ArrowStorage
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

@@ -47,11 +47,11 @@ from rbdata.storages.arrow._items import (
     ragged_rows,
     variable_values,
 )
+from rbdata.storages.arrow._meta import JOURNAL_FILE
 from rbdata.storages.base import Prepared
 
 __all__ = ["JOURNAL_FILE", "Journal", "read_journal"]
 
-JOURNAL_FILE = "_journal.bin"
 _MAGIC = b"RBJ1"
 _HEADER = struct.Struct("<4sIQQQ")
 

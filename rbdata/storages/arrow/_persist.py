@@ -12,13 +12,11 @@ closed or dropped.
 - :func:`own_dir`: a new temporary directory, filled (:func:`copy_named`, :func:`write_state`)
   and opened;
 - :func:`state_of`: the files as ``uint8`` tensors (``dump_state``);
-- :func:`describe_dir`: ``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk
-  files by size.
+- ``describe``: ``_meta.describe_dir`` (torch-free, for ``rbdata inspect``).
 """
 
 from __future__ import annotations
 
-import os
 import shutil
 import tempfile
 from collections.abc import Callable
@@ -31,21 +29,16 @@ import torch
 from rbdata._core.atomic import fsync_dir
 from rbdata._core.checked import leaf_path, plain_file, read_json
 from rbdata._core.checksum import copy_with_crc
-from rbdata._core.files import inside, open_nofollow
 from rbdata._core.layout import TENSOR
 from rbdata.errors import CheckpointError
-from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
 from rbdata.storages._persist import check_dumped_dir, check_max_size
 from rbdata.storages.arrow._checks import (
     FORMAT,
-    MAX_META_BYTES,
     META_FILE,
     VERSION,
     check_meta,
     chunk_file,
-    parse_meta,
 )
-from rbdata.storages.arrow._journal import JOURNAL_FILE
 from rbdata.storages.base import Storage
 
 __all__ = [
@@ -53,7 +46,6 @@ __all__ = [
     "copy_files",
     "copy_named",
     "data_files",
-    "describe_dir",
     "own_dir",
     "state_of",
     "write_state",
@@ -101,7 +93,7 @@ def check_dumped(
     Returns:
         The capacity and the names of the files to copy (the metadata first).
     """
-    check_dumped_dir(cls, src, state, "layout.json")
+    check_dumped_dir(cls.__name__, src, state, "layout.json")
     # _rbdata.json is ArrowStorage's own format: its reader checks every field
     file = src / META_FILE
     meta = read_json(file, "storage")
@@ -175,26 +167,3 @@ def state_of(files: list[Path]) -> dict[str, Any]:
     return {
         "files": {file.name: torch.from_numpy(np.fromfile(file, dtype=np.uint8)) for file in files}
     }
-
-
-def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
-    """``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk files by size."""
-    file = inside(root, META_FILE, "metadata file")
-    if not file.is_file():
-        raise FileNotFoundError(f"{str(root)!r} is not an ArrowStorage: no {META_FILE}")
-    with open_nofollow(file, "rb") as f:
-        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
-            raise ValueError(f"{file}: too large for a metadata file")
-        meta = check_meta(parse_meta(f.read(), file), file, FORMAT, VERSION)
-    length, chunk = meta["length"], meta["chunk_size"]
-    problems = [
-        f"{chunk_file(k)}: missing; the metadata says {min(chunk, length - k * chunk)} rows"
-        for k in range(-(-length // chunk))
-        if regular_size(inside(root, chunk_file(k), "chunk file")) is None
-    ]
-    details: dict[str, Any] = {"chunk_size": chunk}
-    journal = regular_size(inside(root, JOURNAL_FILE))
-    if journal:
-        details["journal"] = f"{journal} bytes of writes since the last flush ({REPLAY_NOTE})"
-    keys = key_infos(meta["layout"])
-    return StorageInfo("arrow", meta["capacity"], length, meta["next"], keys, details), problems

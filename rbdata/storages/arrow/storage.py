@@ -114,12 +114,12 @@ from rbdata.storages.arrow._items import (
     stack_variable_items,
 )
 from rbdata.storages.arrow._journal import Journal
+from rbdata.storages.arrow._meta import describe_dir
 from rbdata.storages.arrow._persist import (
     check_dumped,
     copy_files,
     copy_named,
     data_files,
-    describe_dir,
     own_dir,
     state_of,
     write_state,

@@ -33,11 +33,11 @@ import numpy as np
 
 from rbdata._core.native import voidptr
 from rbdata._core.shown import shown
+from rbdata.storages.frames._format import CODECS
 
 __all__ = ["CODECS", "FrameCodec", "decode_threads"]
 
 #: The codec names a ``FrameStackStorage`` takes.
-CODECS = ("lz4", "zstd")
 _ZSTD_DEFAULT_LEVEL = 3
 # frames per thread below which one thread decodes the whole batch (handing half of it over
 # costs ~20 us: an lz4 decode takes ~0.5 us a frame, a zstd one ~2.5 us)

@@ -7,7 +7,6 @@ Restoring opens it copy-on-write (``FrameStackStorage.open``), so the checkpoint
 
 - :func:`write_frames`: ``frames.json`` and the frame files of a dump, checksummed;
 - :func:`check_dumped`: every field and file against the metadata, before anything is mapped;
-- :func:`describe_dir`: counts, keys, the frames held and their bytes per step, metadata only;
 - :func:`dump_meta`, :func:`dump_dir`: a storage's dump, from its parts (steps, pool);
 - :func:`state_of`, :func:`frames_of`: a storage's state dict, and its frames read back.
 """
@@ -22,13 +21,11 @@ import numpy as np
 import torch
 
 from rbdata._core.atomic import fsync_dir
-from rbdata._core.checked import plain_file
 from rbdata._core.checksum import crc32, entry, file_entry
 from rbdata._core.files import inside, open_nofollow
 from rbdata._core.ids import new_id
 from rbdata._core.layout import Layout
 from rbdata.errors import CheckpointError
-from rbdata.storages._describe import StorageInfo, key_infos
 from rbdata.storages._persist import check_dumped_dir
 from rbdata.storages.base import Codec, Storage
 from rbdata.storages.frames._format import (
@@ -37,7 +34,7 @@ from rbdata.storages.frames._format import (
     META_FILE,
     STEPS_DIR,
     FramesMeta,
-    check_header,
+    check_files,
     header,
     read_frames_meta,
     write_frames_meta,
@@ -47,19 +44,12 @@ from rbdata.storages.memmap import MemmapStorage
 
 __all__ = [
     "check_dumped",
-    "describe_dir",
     "dump_dir",
     "dump_meta",
-    "frame_units",
     "frames_of",
     "state_of",
     "write_frames",
 ]
-
-
-def frame_units(meta: FramesMeta) -> dict[str, int]:
-    """Each frame file's row bytes, by kind (``frames``, or ``log`` and ``table``)."""
-    return {"frames": meta.frame_bytes, "log": 1, "table": 16}
 
 
 def write_frames(
@@ -92,38 +82,11 @@ def write_frames(
     return sums
 
 
-def _check_files(root: Path, meta: FramesMeta, problems: list[str] | None) -> None:
-    """Every frame file the metadata names: a plain file, whole rows, this directory's header.
-
-    ``problems``: collect what is wrong (``describe``); ``None``: raise ``CheckpointError``.
-    """
-    units = frame_units(meta)
-    for kind, name in meta.files().items():
-        path = root / FRAMES_DIR / name
-        try:
-            size = plain_file(path, "storage").st_size
-            if size < HEADER or (size - HEADER) % units[kind]:
-                raise CheckpointError(
-                    f"{path}: {size} bytes, expected a {HEADER}-byte header and whole "
-                    f"{units[kind]}-byte rows; truncated or corrupt"
-                )
-            with open_nofollow(path, "rb") as f:
-                found = f.read(HEADER)
-            try:
-                check_header(found, kind, meta.ident, meta.generation, path)
-            except ValueError as err:
-                raise CheckpointError(str(err)) from None
-        except CheckpointError as err:
-            if problems is None:
-                raise
-            problems.append(str(err))
-
-
 def check_dumped(
     cls: type[Storage], directory: Path, config: dict[str, Any], state: Any, meta_file: Path
 ) -> tuple[int, FramesMeta]:
     """Check what a dump wrote (``frames.json``, ``steps/``, the frame files); the capacity."""
-    check_dumped_dir(cls, directory, state, META_FILE)
+    check_dumped_dir(cls.__name__, directory, state, META_FILE)
     try:
         meta = read_frames_meta(directory)
     except (OSError, ValueError) as err:
@@ -149,43 +112,8 @@ def check_dumped(
             )
     steps = inside(directory, STEPS_DIR, "steps directory")
     MemmapStorage.check_dump(steps, {"max_size": meta.capacity}, state.get("steps"), meta_file)
-    _check_files(directory, meta, None)
+    check_files(directory, meta, None)
     return meta.capacity, meta
-
-
-def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
-    """``frames.json`` and the steps' metadata; frame files by size and header (64 bytes)."""
-    meta = read_frames_meta(root)
-    steps_dir = inside(root, STEPS_DIR, "steps directory")
-    steps, problems = MemmapStorage.describe(steps_dir)
-    problems = [f"{STEPS_DIR}/{p}" for p in problems]
-    _check_files(root, meta, problems)
-    details: dict[str, Any] = {"stack": meta.stack, "codec": meta.codec or "none"}
-    if meta.frame is not None:
-        shape, dtype = meta.frame
-        details["frame"] = f"{list(shape)} {str(dtype).removeprefix('torch.')}"
-    if meta.frames is not None and meta.frame_data is not None:
-        details["frames_stored"] = f"{meta.frames:,} (at the last flush, close or dump)"
-        if steps.length:
-            per_step = (meta.frame_data + steps.length * _step_bytes(steps)) / steps.length
-            details["bytes_per_step"] = f"{per_step:,.0f} (frames and the other fields)"
-    for key, value in steps.details.items():
-        details[f"steps_{key}"] = value
-    if steps.capacity != meta.capacity:
-        problems.append(f"{STEPS_DIR}: capacity {steps.capacity}, {META_FILE} says {meta.capacity}")
-    info = StorageInfo(
-        "frames", meta.capacity, steps.length, steps.next_slot, key_infos(meta.layout), details
-    )
-    return info, problems
-
-
-def _step_bytes(steps: StorageInfo) -> int:
-    """Bytes of one step's other fields and refs (from the steps' keys)."""
-    total = 0
-    for key in steps.keys:
-        dtype = getattr(torch, key.dtype, torch.uint8)
-        total += int(np.prod(key.shape, dtype=np.int64)) * dtype.itemsize
-    return total
 
 
 # --- the storage's hooks, over its parts ------------------------------------------------------
@@ -218,8 +146,9 @@ def dump_meta(config: dict[str, Any], layout: Layout | None, pool: FramePool | N
     live = 0 if pool is None else pool.live
     data = 0 if pool is None else pool.data_bytes
     key = tuple(config["key"])
+    spec = None if layout is None else layout.spec()
     return FramesMeta(
-        new_id(), config["capacity"], config["stack"], key, config["codec"], layout, 0, live, data
+        new_id(), config["capacity"], config["stack"], key, config["codec"], spec, 0, live, data
     )
 
 

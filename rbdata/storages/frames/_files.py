@@ -70,8 +70,8 @@ class FrameFiles(FrameMemory):
     """
 
     def __init__(self, root: Path, meta: FramesMeta, private: bool) -> None:
-        frame = meta.frame or ((), torch.uint8)
-        super().__init__(frame[0], frame[1], torch.device("cpu"))
+        frame = meta.frame or ((), "uint8")
+        super().__init__(frame[0], getattr(torch, frame[1]), torch.device("cpu"))
         self.root = root
         self.meta = meta
         self.private = private
@@ -138,10 +138,10 @@ class FrameFiles(FrameMemory):
 
     def fix_layout(self, layout: Layout) -> None:
         """Record the layout of the first write in ``frames.json`` (before any frame file)."""
-        self.meta = self.meta.with_(layout=layout)
+        self.meta = self.meta.with_(layout=layout.spec())
         frame = self.meta.frame
         assert frame is not None
-        FrameMemory.__init__(self, frame[0], frame[1], self.device)
+        FrameMemory.__init__(self, frame[0], getattr(torch, frame[1]), self.device)
         if not self.private:
             write_frames_meta(self.root, self.meta)
 

@@ -16,31 +16,41 @@ in from another storage, checkpoint or generation is refused when it is opened. 
 follows the header; its size gives the slots (or the log's bytes): the files grow as frames
 are written, ``frames.json`` is rewritten only when the layout is fixed, a compaction
 switches the generation, and on flush, close or dump.
+
+No torch is imported here: ``frames.json`` is read with its layout as a metadata record
+(:class:`~rbdata._core.spec.LayoutSpec`), for the storage and for ``rbdata inspect`` alike.
 """
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import numpy as np
-import torch
-
-from rbdata._core.files import atomic_write_json, read_meta
+from rbdata._core.checked import plain_file
+from rbdata._core.files import atomic_write_json, inside, open_nofollow, read_meta
 from rbdata._core.ids import TRAILER_BYTES, id_trailer, read_trailer
-from rbdata._core.layout import Layout
-from rbdata._core.layout.keys import DICT_KIND, TENSOR
-from rbdata.storages.frames._codecs import CODECS
+from rbdata._core.spec import DICT_KIND, DTYPES, TENSOR, LayoutSpec
+from rbdata.errors import CheckpointError
+from rbdata.storages._describe import StorageInfo, key_infos
+from rbdata.storages.kinds import DiskKind, disk_kind
+
+if TYPE_CHECKING:
+    from rbdata._core.layout import Layout
 
 __all__ = [
+    "CODECS",
     "FRAMES_DIR",
     "HEADER",
     "META_FILE",
     "STEPS_DIR",
     "FramesMeta",
+    "check_files",
     "check_header",
+    "describe_dir",
+    "frame_units",
     "data_files",
     "header",
     "read_frames_meta",
@@ -57,6 +67,8 @@ HEADER = 64
 #: the magic of each kind of frame file
 MAGIC = {"frames": b"RBDFRAW1", "log": b"RBDFLOG1", "table": b"RBDFTBL1"}
 _ID = re.compile(r"[0-9a-f]{32}")
+#: the per-frame codecs (``_codecs``)
+CODECS = ("lz4", "zstd")
 
 
 def data_files(codec: bool, generation: int) -> dict[str, str]:
@@ -87,7 +99,7 @@ def check_header(found: bytes, kind: str, ident: str, generation: int, path: Pat
     raise ValueError(f"{path}: of generation {gen}, frames.json says {generation}")
 
 
-def check_stacks(layout: Layout, key: tuple[str, ...], stack: int) -> None:
+def check_stacks(layout: Layout | LayoutSpec, key: tuple[str, ...], stack: int) -> None:
     """Refuse a layout without both stacks of ``key``, or with stacks of another shape or dtype.
 
     Raises:
@@ -132,25 +144,26 @@ class FramesMeta:
     stack: int
     key: tuple[str, ...]
     codec: str | list[Any] | None
-    layout: Layout | None = None
+    #: the layout as a metadata record (``Layout.from_spec`` makes it the storage's)
+    layout: LayoutSpec | None = None
     generation: int = 0
     #: frames stored and their bytes (blobs, or raw frames) at the last flush, close or dump
     frames: int | None = None
     frame_data: int | None = None
 
     @property
-    def frame(self) -> tuple[tuple[int, ...], torch.dtype] | None:
-        """One frame's shape and dtype (``None`` before the first write)."""
+    def frame(self) -> tuple[tuple[int, ...], str] | None:
+        """One frame's shape and dtype name (``None`` before the first write)."""
         if self.layout is None:
             return None
-        leaf = self.layout.leaves[list(self.layout.keys).index(self.key)]
+        leaf = next(leaf for leaf in self.layout.leaves if leaf.key == self.key)
         return tuple(leaf.shape[1:]), leaf.dtype
 
     @property
     def frame_bytes(self) -> int:
         """One raw frame's bytes (0 before the first write)."""
         frame = self.frame
-        return 0 if frame is None else int(np.prod(frame[0], dtype=np.int64)) * frame[1].itemsize
+        return 0 if frame is None else math.prod(frame[0]) * DTYPES[frame[1]].itemsize
 
     def files(self) -> dict[str, str]:
         """The frame files this metadata names (none before the first write)."""
@@ -220,7 +233,7 @@ class FramesMeta:
         if layout is None:
             return out
         try:
-            parsed = Layout.from_json(layout)
+            parsed = LayoutSpec.from_json(layout)
             check_stacks(parsed, out.key, out.stack)
         except (KeyError, TypeError, ValueError, AttributeError) as err:
             raise bad(
@@ -238,6 +251,80 @@ def read_frames_meta(root: Path) -> FramesMeta:
     """
     raw = read_meta(root, META_FILE, FORMAT, VERSION, "FrameStackStorage directory")
     return FramesMeta.from_json(raw, root / META_FILE)
+
+
+# --- what ``describe`` and ``rbdata inspect`` read --------------------------------------------
+def _memmap_kind() -> DiskKind:
+    kind = disk_kind("memmap")
+    assert kind is not None  # a built-in kind
+    return kind
+
+
+def frame_units(meta: FramesMeta) -> dict[str, int]:
+    """Each frame file's row bytes, by kind (``frames``, or ``log`` and ``table``)."""
+    return {"frames": meta.frame_bytes, "log": 1, "table": 16}
+
+
+def check_files(root: Path, meta: FramesMeta, problems: list[str] | None) -> None:
+    """Every frame file the metadata names: a plain file, whole rows, this directory's header.
+
+    ``problems``: collect what is wrong (``describe``); ``None``: raise ``CheckpointError``.
+    """
+    units = frame_units(meta)
+    for kind, name in meta.files().items():
+        path = root / FRAMES_DIR / name
+        try:
+            size = plain_file(path, "storage").st_size
+            if size < HEADER or (size - HEADER) % units[kind]:
+                raise CheckpointError(
+                    f"{path}: {size} bytes, expected a {HEADER}-byte header and whole "
+                    f"{units[kind]}-byte rows; truncated or corrupt"
+                )
+            with open_nofollow(path, "rb") as f:
+                found = f.read(HEADER)
+            try:
+                check_header(found, kind, meta.ident, meta.generation, path)
+            except ValueError as err:
+                raise CheckpointError(str(err)) from None
+        except CheckpointError as err:
+            if problems is None:
+                raise
+            problems.append(str(err))
+
+
+def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
+    """``frames.json`` and the steps' metadata; frame files by size and header (64 bytes)."""
+    meta = read_frames_meta(root)
+    steps_dir = inside(root, STEPS_DIR, "steps directory")
+    steps, problems = _memmap_kind().describe(steps_dir)  # the steps' own format
+    problems = [f"{STEPS_DIR}/{p}" for p in problems]
+    check_files(root, meta, problems)
+    details: dict[str, Any] = {"stack": meta.stack, "codec": meta.codec or "none"}
+    if meta.frame is not None:
+        shape, dtype = meta.frame
+        details["frame"] = f"{list(shape)} {str(dtype).removeprefix('torch.')}"
+    if meta.frames is not None and meta.frame_data is not None:
+        details["frames_stored"] = f"{meta.frames:,} (at the last flush, close or dump)"
+        if steps.length:
+            per_step = (meta.frame_data + steps.length * _step_bytes(steps)) / steps.length
+            details["bytes_per_step"] = f"{per_step:,.0f} (frames and the other fields)"
+    for key, value in steps.details.items():
+        details[f"steps_{key}"] = value
+    if steps.capacity != meta.capacity:
+        problems.append(f"{STEPS_DIR}: capacity {steps.capacity}, {META_FILE} says {meta.capacity}")
+    info = StorageInfo(
+        "frames", meta.capacity, steps.length, steps.next_slot, key_infos(meta.layout), details
+    )
+    return info, problems
+
+
+def _step_bytes(steps: StorageInfo) -> int:
+    """Bytes of one step's other fields and refs (from the steps' keys)."""
+    total = 0
+    for key in steps.keys:
+        dtype = DTYPES.get(key.dtype, DTYPES["uint8"])
+        total += math.prod(key.shape) * dtype.itemsize
+    return total
 
 
 def write_frames_meta(root: Path, meta: FramesMeta, fsync: bool = True) -> None:

@@ -47,13 +47,12 @@ from rbdata.storages.frames._codecs import FrameCodec
 from rbdata.storages.frames._directory import FrameDirectory
 from rbdata.storages.frames._dumped import (
     check_dumped,
-    describe_dir,
     dump_dir,
     dump_meta,
     frames_of,
     state_of,
 )
-from rbdata.storages.frames._format import META_FILE, FramesMeta, check_stacks
+from rbdata.storages.frames._format import META_FILE, FramesMeta, check_stacks, describe_dir
 from rbdata.storages.frames._pool import FramePool
 from rbdata.storages.frames._streams import TRACKED, StreamTracker
 from rbdata.storages.frames._writer import FrameWriter
@@ -414,7 +413,7 @@ class FrameStackStorage(Storage):
         storage._dir = directory
         try:
             storage._steps = directory.open_steps(copy_on_write)
-            storage._attach(meta.layout)
+            storage._attach(None if meta.layout is None else Layout.from_spec(meta.layout))
         except BaseException:
             storage.close()
             raise

@@ -14,10 +14,39 @@
   storage's side of it (``Sharing``: the counter, the write lock, the slots' versions);
 - ``_versions``: the per-slot seqlock words that let readers detect a torn row;
 - ``_persist``: the persistence hooks of the tensor storages (checkpoint dump / restore as a
-  memmap directory, ``describe`` for ``rbdata inspect``).
+  memmap directory);
+- ``_meta``: ``layout.json`` and ``header.bin`` read and checked without torch (what ``open``
+  checks first, and ``describe`` for ``rbdata inspect``).
+
+The names below are imported on first use: ``rbdata inspect`` imports ``_meta`` alone.
 """
 
-from rbdata.storages.memmap._directory import DirectoryWriter
-from rbdata.storages.memmap.storage import MemmapStorage
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from rbdata.storages.memmap._directory import DirectoryWriter
+    from rbdata.storages.memmap.storage import MemmapStorage
 
 __all__ = ["DirectoryWriter", "MemmapStorage"]
+
+_LAZY = {
+    "DirectoryWriter": "rbdata.storages.memmap._directory",
+    "MemmapStorage": "rbdata.storages.memmap.storage",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a lazy name on first use (PEP 562); it is a plain attribute afterwards."""
+    module_name = _LAZY.get(name)
+    if module_name is None:
+        raise AttributeError(f"module 'rbdata.storages.memmap' has no attribute {name!r}")
+    value = getattr(importlib.import_module(module_name), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *__all__})

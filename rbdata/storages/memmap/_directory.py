@@ -8,11 +8,9 @@ checkpoints and offline datasets) that :meth:`MemmapStorage.open` reads.
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
 import re
-import reprlib
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Protocol
@@ -21,17 +19,24 @@ import torch
 
 from rbdata._core.files import (
     atomic_write_json,
-    check_dir,
-    inside,
-    open_nofollow,
     preallocate,
     start_writeback,
 )
 from rbdata._core.ids import new_id
-from rbdata._core.layout import TENSOR, Layout
+from rbdata._core.layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages.base import Storage
-from rbdata.storages.memmap._header import bad_field, encode_header
+from rbdata.storages.memmap._header import encode_header
+from rbdata.storages.memmap._meta import (
+    FORMAT,
+    HEADER_FILE,
+    JOURNAL_FILE,
+    LAYOUT_FILE,
+    VERSION,
+    read_layout,
+    storage_id,
+)
+from rbdata.storages.memmap._meta import check_meta as check_layout_meta
 from rbdata.storages.memmap._rawfile import trailer
 
 __all__ = [
@@ -50,137 +55,16 @@ __all__ = [
     "write_directory",
 ]
 
-FORMAT = "rbdata.memmap"
-#: version 2 adds the storage's id (``layout.json``'s ``"id"``, each data file's trailer);
-#: version 1 directories (no id, no trailers) still open
-VERSION = 2
-_VERSIONS = (1, 2)
-_ID = re.compile(r"[0-9a-f]{32}")
-LAYOUT_FILE = "layout.json"
-HEADER_FILE = "header.bin"
-JOURNAL_FILE = "journal.bin"
-_RESERVED = {LAYOUT_FILE, HEADER_FILE, JOURNAL_FILE, "shared.bin", "versions.bin"}
-_MAX_META_BYTES = 1 << 24
-_MAX_LEAVES = 4096
-_MAX_BYTES = 1 << 56  # per file: far beyond any disk, far below an int64 overflow
-
 
 def _leaf_file(i: int, key: tuple[str, ...]) -> str:
     safe = re.sub(r"[^A-Za-z0-9_.-]", "_", ".".join(key) or "data")[:64]
     return f"{i:03d}-{safe}.bin"
 
 
-def _is_int(value: Any) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def read_layout(root: Path) -> dict[str, Any]:
-    """Read ``layout.json`` of a storage directory (no symlink followed anywhere)."""
-    if not root.exists() and not root.is_symlink():
-        raise FileNotFoundError(f"{str(root)!r} is not a MemmapStorage: no such directory")
-    check_dir(root, "MemmapStorage")
-    file = root / LAYOUT_FILE
-    if not file.exists() and not file.is_symlink():
-        raise FileNotFoundError(f"{str(root)!r} is not a MemmapStorage: no {LAYOUT_FILE}")
-    inside(root, LAYOUT_FILE)
-    with open_nofollow(file, "rb") as f:
-        if os.fstat(f.fileno()).st_size > _MAX_META_BYTES:
-            raise ValueError(f"{file}: larger than {_MAX_META_BYTES} bytes; corrupt")
-        raw = f.read()
-    try:
-        meta = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError, RecursionError) as err:
-        what = "nested too deeply" if isinstance(err, RecursionError) else str(err)
-        raise ValueError(f"{file}: corrupt metadata file ({what})") from None
-    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
-        raise ValueError(f"{file}: not an {FORMAT} directory")
-    version = meta.get("version")
-    if isinstance(version, bool) or version not in _VERSIONS:
-        raise ValueError(
-            f"{file}: format version {reprlib.repr(version)}, expected one of {_VERSIONS}"
-        )
-    return meta
-
-
-def storage_id(root: Path, meta: dict[str, Any]) -> str | None:
-    """The id in ``layout.json`` (``None`` for a version-1 directory, which has none)."""
-    if meta.get("version") == 1:
-        return None
-    ident = meta.get("id")
-    if not isinstance(ident, str) or not _ID.fullmatch(ident):
-        raise bad_field(root / LAYOUT_FILE, "id", ident, "32 lowercase hex digits")
-    return ident
-
-
 def check_meta(root: Path, meta: dict[str, Any]) -> tuple[int, Layout | None, list[Path]]:
-    """Validate every field of ``layout.json``; return capacity, layout and the leaf files."""
-    file = root / LAYOUT_FILE
-    value: Any = meta.get("capacity")
-    if not _is_int(value) or not 0 < value <= _MAX_BYTES:
-        raise bad_field(file, "capacity", value, "a positive integer")
-    capacity = int(value)
-    if "layout" not in meta:
-        if "files" in meta:
-            raise bad_field(file, "files", meta["files"], "no files without a layout")
-        return capacity, None, []
-    layout = meta["layout"]
-    if not isinstance(layout, dict) or layout.get("kind") not in ("tensor", "tensordict"):
-        raise bad_field(
-            file,
-            "layout.kind",
-            layout.get("kind") if isinstance(layout, dict) else layout,
-            "'tensor' or 'tensordict'",
-        )
-    leaves = layout.get("leaves")
-    if not isinstance(leaves, list) or not 0 < len(leaves) <= _MAX_LEAVES:
-        raise bad_field(file, "layout.leaves", leaves, f"a list of 1 to {_MAX_LEAVES} leaves")
-    keys = set()
-    for i, leaf in enumerate(leaves):
-        where = f"layout.leaves[{i}]"
-        if not isinstance(leaf, dict):
-            raise bad_field(file, where, leaf, "an object")
-        key, shape, dtype = leaf.get("key"), leaf.get("shape"), leaf.get("dtype")
-        tensor_kind = layout["kind"] == "tensor"
-        if (
-            not isinstance(key, list)
-            or not all(isinstance(k, str) and k for k in key)
-            or (len(key) != 0 if tensor_kind else not key)
-            or len(key) > 32
-        ):
-            raise bad_field(
-                file, f"{where}.key", key, "a list of non-empty strings ([] for a tensor)"
-            )
-        if tuple(key) in keys:
-            raise bad_field(file, f"{where}.key", key, "a key that appears once")
-        keys.add(tuple(key))
-        if (
-            not isinstance(shape, list)
-            or len(shape) > 32
-            or not all(_is_int(d) and 0 <= d <= _MAX_BYTES for d in shape)
-        ):
-            raise bad_field(file, f"{where}.shape", shape, "a list of non-negative integers")
-        if not isinstance(dtype, str) or not isinstance(getattr(torch, dtype, None), torch.dtype):
-            raise bad_field(file, f"{where}.dtype", dtype, "a torch dtype name")
-        if leaf.get("kind", TENSOR) != TENSOR:
-            raise bad_field(file, f"{where}.kind", leaf.get("kind"), "'tensor' (fixed-shape only)")
-        size = capacity * math.prod(shape) * getattr(torch, dtype).itemsize
-        if size > _MAX_BYTES:
-            raise bad_field(file, f"{where}.shape", shape, f"a leaf of at most {_MAX_BYTES} bytes")
-    for key in keys:  # ('a',) and ('a', 'b') cannot both be leaves
-        if any(key[:n] in keys for n in range(1, len(key))):
-            raise bad_field(file, "layout.leaves", list(key), "no key nested under another key")
-    names = meta.get("files")
-    if not isinstance(names, list) or len(names) != len(leaves):
-        raise bad_field(file, "files", names, f"a list of {len(leaves)} file names (one per leaf)")
-    if len(set(map(str, names))) != len(names) or set(map(str, names)) & _RESERVED:
-        raise bad_field(file, "files", names, "distinct names of data files")
-    paths = []
-    for i, name in enumerate(names):
-        try:
-            paths.append(inside(root, name, "data file"))
-        except ValueError as err:  # name the metadata file and field, keep the reason
-            raise ValueError(f"{file}: field 'files[{i}]': {err}") from None
-    return capacity, Layout.from_json(layout), paths
+    """:func:`~rbdata.storages.memmap._meta.check_meta`, the layout as a :class:`Layout`."""
+    capacity, spec, paths = check_layout_meta(root, meta)
+    return capacity, None if spec is None else Layout.from_spec(spec), paths
 
 
 def check_counts(storage: Storage, src: Path) -> None:

@@ -31,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from rbdata._core.ids import TRAILER_BYTES
-from rbdata.storages.memmap._rawfile import check_trailer, open_fd, regular_size, trailer
+from rbdata.storages.memmap._plain import check_trailer, open_fd, regular_size, trailer
 
 __all__ = [
     "HEADER_BYTES",

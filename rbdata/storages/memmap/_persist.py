@@ -2,10 +2,10 @@
 
 - :func:`dump_tensors`: one raw file per leaf (the filled rows, then a sparse zero tail), the
   header and ``layout.json``, with the leaves' checksums summed from memory meanwhile;
-- :func:`check_dumped`: the metadata and every file it names, before anything is mapped;
+- ``check_dump``: in ``_meta`` (torch-free), :func:`~rbdata.storages.memmap._meta.check_dumped`;
 - :func:`open_dumped`: the files mapped copy-on-write by a :class:`MemmapStorage` (lazy;
   writes never reach them), for ``TensorStorage.restore``;
-- :func:`describe_dir`: counts, keys and problems of a directory, metadata only.
+- ``describe``: in ``_meta`` (torch-free), :func:`~rbdata.storages.memmap._meta.describe_dir`.
 """
 
 from __future__ import annotations
@@ -16,30 +16,18 @@ from pathlib import Path
 from typing import Any
 
 from rbdata._core.atomic import fsync_dir
-from rbdata._core.checked import plain_file, read_json
+from rbdata._core.checked import read_json
 from rbdata._core.checksum import entry, file_entry, submit_tensor_crc
-from rbdata._core.files import inside, open_nofollow
-from rbdata._core.ids import TRAILER_BYTES
 from rbdata.errors import CheckpointError
-from rbdata.storages._describe import REPLAY_NOTE, StorageInfo, key_infos, regular_size
-from rbdata.storages._persist import check_dumped_dir, check_max_size
-from rbdata.storages.base import Storage, storage_kind
+from rbdata.storages.base import storage_kind
 from rbdata.storages.memmap._directory import (
-    HEADER_FILE,
-    JOURNAL_FILE,
     LAYOUT_FILE,
     TensorSource,
     check_counts,
-    check_meta,
-    read_layout,
-    storage_id,
     write_directory,
 )
-from rbdata.storages.memmap._header import Header, bad_field
 
 __all__ = [
-    "check_dumped",
-    "describe_dir",
     "dump_tensors",
     "open_dumped",
 ]
@@ -70,41 +58,6 @@ def dump_tensors(
     return {"dir": out.name, "id": meta["id"]}, sums
 
 
-def check_dumped(
-    cls: type[Storage], src: Path, config: dict[str, Any], state: Any
-) -> tuple[int, list[str]]:
-    """Check the metadata and files of a dumped directory; return the capacity."""
-    check_dumped_dir(cls, src, state, LAYOUT_FILE)
-    # layout.json is MemmapStorage's own format: its reader checks every field and file name
-    file = src / LAYOUT_FILE
-    try:
-        meta = read_layout(src)
-        capacity, layout, leaves = check_meta(src, meta)
-        ident = storage_id(src, meta)
-    except (OSError, ValueError) as err:
-        raise CheckpointError(str(err)) from None
-    saved = state.get("id")  # absent from checkpoints written before storage ids
-    if saved is not None and saved != ident:
-        raise CheckpointError(
-            f"{src}: a storage directory of another checkpoint (layout.json's id {ident}, "
-            f"checkpoint.json recorded {saved!r:.40}); the folder was swapped or replaced"
-        )
-    check_max_size(config, capacity, file)
-    extra = TRAILER_BYTES if ident is not None else 0
-    for leaf, path in zip(layout.leaves if layout else (), leaves, strict=True):
-        row = leaf.numel * leaf.dtype.itemsize
-        size = plain_file(path, "storage").st_size
-        if size != capacity * row + extra:
-            with_id = f" + a {extra}-byte id trailer" if extra else ""
-            raise CheckpointError(
-                f"{path}: {size} bytes on disk, expected {capacity * row + extra} ({capacity} "
-                f"x {row} bytes{with_id}); truncated or corrupt"
-            )
-    # the header's format belongs to MemmapStorage: its counts are checked once it is open
-    plain_file(src / HEADER_FILE, "storage")
-    return capacity, []
-
-
 def open_dumped(src: Path) -> Any:
     """The dumped directory opened copy-on-write (lazy; writes never reach it), counts checked.
 
@@ -120,34 +73,3 @@ def open_dumped(src: Path) -> Any:
         mapped.close()
         raise
     return mapped
-
-
-def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
-    """``layout.json`` and ``header.bin`` (read-only, as a copy-on-write open reads them)."""
-    meta = read_layout(root)
-    capacity, layout, files = check_meta(root, meta)
-    ident = storage_id(root, meta)
-    extra = TRAILER_BYTES if ident is not None else 0
-    header = Header(inside(root, HEADER_FILE), create=False, private=True, ident=ident)
-    length, nxt = header.first
-    header.close()
-    file = root / HEADER_FILE
-    if not 0 <= length <= capacity or (layout is None and length):
-        raise bad_field(file, "length", length, f"in [0, {capacity}] with a layout")
-    if not 0 <= nxt < capacity or nxt > length:
-        raise bad_field(file, "next", nxt, f"in [0, {capacity}) and at most the length")
-    problems = []
-    for leaf, path in zip(layout.leaves if layout else (), files, strict=True):
-        expected = capacity * leaf.numel * leaf.dtype.itemsize + extra
-        size = regular_size(path)
-        if size != expected:
-            got = "missing or not a regular file" if size is None else f"{size} bytes"
-            problems.append(f"{path.name}: {got}, expected {expected} for key {leaf.name}")
-    details: dict[str, Any] = {}
-    journal = inside(root, JOURNAL_FILE)
-    if regular_size(journal):
-        with open_nofollow(journal, "rb") as f:  # the head's commit word: 0 means empty
-            committed = int.from_bytes(f.read(16)[8:], "little") != 0
-        if committed:
-            details["journal"] = f"a committed write not yet in the files ({REPLAY_NOTE})"
-    return StorageInfo("memmap", capacity, length, nxt, key_infos(layout), details), problems
