@@ -72,7 +72,9 @@ def test_slices_stay_inside_episodes_over_wraparound(
 
 def test_every_valid_start_is_equally_likely() -> None:
     capacity, length = 40, 3
-    rb = ReplayBuffer(TensorStorage(capacity), sampler=SliceSampler(slice_len=length))
+    # seeded: a chi-square bound at its 99.9% quantile fails one unseeded run in a thousand
+    sampler = SliceSampler(slice_len=length, generator=torch.Generator().manual_seed(0))
+    rb = ReplayBuffer(TensorStorage(capacity), sampler=sampler)
     steps = episodes([7, 2, 12, 9, 5, 11])  # 46 steps: wraps, oldest episode cut
     rb.extend(steps[:30])
     rb.extend(steps[30:])
