@@ -5,6 +5,9 @@ VENV   ?= .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 EXTRAS ?= test,bench,docs
+# pytest workers of `make test` (pytest-xdist): CI's machine has 2 cores; `make test JOBS=1`
+# runs the suite in one process
+JOBS   ?= 2
 STAMP  := $(VENV)/.installed-$(subst $(comma),-,$(EXTRAS))
 
 .PHONY: test demo bench docs lint typecheck boundscheck venv clean test-cuda bench-cuda
@@ -47,7 +50,7 @@ boundscheck: venv
 	NUMBA_BOUNDSCHECK=1 NUMBA_CACHE_DIR=$(VENV)/numba-boundscheck $(PY) -m pytest -q -p no:cacheprovider $(KERNEL_TESTS)
 
 test: lint typecheck
-	$(PY) -m pytest
+	$(PY) -m pytest $(if $(filter-out 1,$(JOBS)),-n $(JOBS))
 	$(MAKE) --no-print-directory boundscheck
 
 # The demo needs rbdata's own dependencies only (no test, bench or docs extras): a fresh
