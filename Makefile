@@ -36,14 +36,17 @@ KERNEL_TESTS := \
 	tests/samplers/test_sumtree.py \
 	tests/samplers/test_prioritized.py \
 	tests/samplers/test_slice.py \
+	tests/samplers/test_sequence.py \
 	tests/samplers/test_prioritized_slice.py \
 	tests/samplers/test_prioritized_checks.py \
 	tests/samplers/test_samplers_bounds.py \
 	tests/storages/arrow/test_arrow.py \
 	tests/storages/memmap/test_memmap_packed.py \
 	tests/storages/test_add_fast.py \
+	tests/storages/frames/test_frames.py \
 	tests/transforms/test_episode_index.py \
 	tests/transforms/test_hindsight.py \
+	tests/transforms/test_nstep.py \
 	tests/mixed/test_mixed_rows.py
 
 boundscheck: venv
