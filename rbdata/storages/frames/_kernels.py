@@ -22,7 +22,7 @@ import numpy as np
 
 from rbdata._core.native import voidptr
 
-__all__ = ["acquire", "admit_kernel", "admit_raw", "plan", "plan_one", "release", "settle"]
+__all__ = ["acquire", "admit_kernel", "admit_raw", "plan", "release", "settle"]
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -45,6 +45,15 @@ def _same(a: Any, b: Any) -> bool:
     return i == n
 
 
+@numba.njit(nogil=True, cache=True, inline="always")
+def _same_kept(obs: Any, source: Any, index: Any) -> bool:
+    """Whether a stack ``[S, words]`` equals the kept one, frame ``k`` ``source[index[k]]``."""
+    n, k = obs.shape[0], 0
+    while k < n and _same(obs[k], source[index[k]]):
+        k += 1
+    return k == n
+
+
 @numba.njit(nogil=True, cache=True)
 def _same_stack(a: Any, b: Any) -> bool:
     n, k = a.shape[0], 0
@@ -54,14 +63,16 @@ def _same_stack(a: Any, b: Any) -> bool:
 
 
 @numba.njit(nogil=True, cache=True)
-def plan(
-    obs: Any, nxt: Any, kept: Any, kept_refs: Any, n_kept: int, last: int, refs: Any, rows: Any
-) -> int:
+def plan(obs: Any, nxt: Any, source: Any, index: Any, kept_refs: Any, n_kept: int, last: int,
+         refs: Any, rows: Any) -> int:  # fmt: skip
     """Fill ``refs`` ``[n, 2, S]``: a stored slot, or ``-1 - k`` for the ``k``-th new frame.
 
-    ``obs``, ``nxt``: ``[n, S, words]``; ``kept``/``kept_refs``: the tracker's stacks and their
-    slots, positions ``0..n_kept-1`` then, at ``last`` (``-1``: none), the last step's.
-    ``rows[k]`` gets the ``k``-th new frame (``[2 * n * S, words]``). Returns the count.
+    ``obs``, ``nxt``: ``[n, S, words]``. The tracker's kept stacks: stack ``j``'s frame ``k`` is
+    ``source[index[j, k]]`` (``source`` ``[rows, words]``; see ``_streams.py``: the tracker's
+    byte copies with a constant index, or the pool's raw frames indexed by the pinned slots),
+    positions ``0..n_kept-1`` then, at ``last`` (``-1``: none), the last step's; ``kept_refs``
+    ``[rows, S]``: their slots, which a found stack takes. ``rows[k]`` gets the ``k``-th new
+    frame (``[2 * n * S, words]``). Returns the count.
     """
     new = 0
     for j in range(obs.shape[0]):
@@ -69,38 +80,16 @@ def plan(
         if j > 0 and _same_stack(obs[j], nxt[j - 1]):
             refs[j, 0, :] = refs[j - 1, 1, :]
             found = True
-        if not found and j < n_kept and _same_stack(obs[j], kept[j]):
+        if not found and j < n_kept and _same_kept(obs[j], source, index[j]):
             refs[j, 0, :] = kept_refs[j]
             found = True
-        if not found and j == 0 and last >= 0 and _same_stack(obs[0], kept[last]):
+        if not found and j == 0 and last >= 0 and _same_kept(obs[0], source, index[last]):
             refs[0, 0, :] = kept_refs[last]
             found = True
         if not found:
             new = _new_obs(obs[j], refs[j, 0], rows, new)
         new = _next_refs(obs[j], nxt[j], refs[j], rows, new)
     return new
-
-
-@numba.njit(nogil=True, cache=True)
-def plan_one(obs: Any, nxt: Any, frames: Any, kept_refs: Any, n_kept: int, refs: Any,
-             rows: Any) -> int:  # fmt: skip
-    """:func:`plan` of one step of one stream (no last step) whose pool holds raw frames.
-
-    The pinned stack is compared where its frames are stored, ``frames[kept_refs[0]]`` (the
-    pin keeps those slots from being freed or reused), rather than in the tracker's copy: the
-    frames the previous step stored are still in cache, ~1 us a step.
-    """
-    s = obs.shape[1]
-    k = 0
-    if n_kept > 0:
-        while k < s and _same(obs[0, k], frames[kept_refs[0, k]]):
-            k += 1
-    if n_kept > 0 and k == s:
-        refs[0, 0, :] = kept_refs[0]
-        new = 0
-    else:
-        new = _new_obs(obs[0], refs[0, 0], rows, 0)
-    return _next_refs(obs[0], nxt[0], refs[0], rows, new)
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
@@ -196,16 +185,17 @@ def _drop(count: Any, free: Any, nfree: int, refs: Any, n: int, table: Any, live
 
 
 @numba.njit(nogil=True, cache=True)
-def _finish(nxt: Any, refs: Any, old: Any, fresh: Any, count: Any, free: Any, nfree: int,
-            kept: Any, kept_refs: Any, kept_count: int, table: Any, live: int) -> Any:  # fmt: skip
+def _finish(refs: Any, old: Any, fresh: Any, count: Any, free: Any, nfree: int, kept_refs: Any,
+            kept_count: int, table: Any, live: int) -> Any:  # fmt: skip
     """Take the step's references, pin its next observation, drop the overwritten step's.
 
-    ``nxt`` (``[1, S, words]``), ``refs``, ``old``: the step's (see :func:`admit_raw`). ``refs``'
-    placeholders are resolved; ``kept[0]`` becomes the next observation, pinned before the pin it
-    replaces is dropped (``StreamTracker.keep``'s per-step case); the refs in ``old`` are dropped
-    last, so none of this step's slots was one they free. ``table`` (``[slots, 2]``, empty for raw
-    frames): a freed slot's blob leaves ``live``. Returns ``(mark, nfree, live)``: ``nfree`` before
-    ``old`` was dropped, for ``FramePool.undrop``.
+    ``refs``, ``old``: the step's (see :func:`admit_raw`). ``refs``' placeholders are resolved;
+    the next observation's slots become ``kept_refs[0]``, pinned before the pin they replace
+    is dropped (``StreamTracker.keep``'s per-step case; a tracker that copies stacks copies the
+    next observation itself); the refs in ``old`` are dropped last, so none of this step's
+    slots was one they free. ``table`` (``[slots, 2]``, empty for raw frames): a freed slot's
+    blob leaves ``live``. Returns ``(mark, nfree, live)``: ``nfree`` before ``old`` was dropped,
+    for ``FramePool.undrop``.
     """
     flat = refs.reshape(-1)
     for i in range(flat.shape[0]):
@@ -216,7 +206,6 @@ def _finish(nxt: Any, refs: Any, old: Any, fresh: Any, count: Any, free: Any, nf
         count[r] += 1
     s = refs.shape[2]
     pin = kept_refs[0].copy()
-    kept[0] = nxt[0]
     for k in range(s):
         kept_refs[0, k] = refs[0, 1, k]
         count[refs[0, 1, k]] += 1
@@ -227,28 +216,38 @@ def _finish(nxt: Any, refs: Any, old: Any, fresh: Any, count: Any, free: Any, nf
 
 
 @numba.njit(nogil=True, cache=True, inline="always")
-def _words(step: Any, kept: Any) -> Any:
-    """``step`` with its stacks as ``[1, S, words]`` views of ``kept``'s word."""
-    s = kept.shape[1]
-    obs = step[0].reshape((1, s, -1)).view(kept.dtype)
-    nxt = step[1].reshape((1, s, -1)).view(kept.dtype)
-    return obs, nxt, step[2], step[3]
+def _words(step: Any, s: int, word: Any) -> Any:
+    """``step`` as ``(obs, nxt, refs, old)`` (see :func:`admit_raw`).
+
+    The stacks as ``[1, S, words]`` of ``word``'s dtype, the step's refs ``both[0:1]``, and
+    ``old``: the overwritten step's refs, copied into ``both[1]``.
+    """
+    obs = step[0].reshape((1, s, -1)).view(word.dtype)
+    nxt = step[1].reshape((1, s, -1)).view(word.dtype)
+    both, stored = step[2], step[3].reshape(-1)
+    old = both[1].reshape(-1)[: stored.shape[0]]
+    for i in range(stored.shape[0]):
+        old[i] = stored[i]
+    return obs, nxt, both[0:1], old
 
 
 @numba.njit(nogil=True, cache=True)
-def admit_raw(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, count: Any,
-              free: Any, nfree: int, high: int, frames: Any) -> Any:  # fmt: skip
+def admit_raw(step: Any, kept_refs: Any, kept_count: int, rows: Any, count: Any, free: Any,
+              nfree: int, high: int, frames: Any) -> Any:  # fmt: skip
     """One step of one stream, raw frames: ``(new frames, mark, nfree, high)``.
 
-    ``step``: ``(obs, nxt, refs, old)``: the stacks (C-contiguous ``[S, *frame]`` arrays
-    of any dtype, read as ``[1, S, words]`` of ``kept``'s word), the step's refs
-    ``[1, 2, S]`` (filled here), and the refs of the step it overwrites (1-D, dropped last).
-    ``kept``/``kept_refs``/``kept_count``: the tracker's (one stream, no last step); ``rows``
-    ``[2 * S, words]`` scratch; ``frames`` ``[slots, words]`` the pool's. ``new == -1``:
-    nothing changed (the pool must grow first: the general path does it).
+    ``step``: ``(obs, nxt, both, stored)``: the stacks (C-contiguous ``[S, *frame]`` arrays
+    of any dtype, read as ``[1, S, words]`` of ``frames``' word), ``both`` ``[2, 2, S]``
+    int64 that gets the step's refs (``both[0]``) and a copy of ``stored`` (``both[1]``,
+    flattened), the refs of the step it overwrites as stored (C-contiguous ``[2, S]``, or
+    ``[0, S]``: none), dropped last.
+    ``kept_refs``/``kept_count``: the tracker's (one stream, no last step), whose stack is
+    compared where it is stored, ``frames[kept_refs[0]]`` (pinned: never freed nor reused;
+    ``_streams.py``); ``rows`` ``[2 * S, words]`` scratch; ``frames`` ``[slots, words]`` the
+    pool's. ``new == -1``: nothing changed (the pool must grow first: the general path does it).
     """
-    obs, nxt, refs, old = _words(step, kept)
-    new = plan_one(obs, nxt, frames, kept_refs, kept_count, refs, rows)
+    obs, nxt, refs, old = _words(step, kept_refs.shape[1], frames)
+    new = plan(obs, nxt, frames, kept_refs, kept_refs, kept_count, -1, refs, rows)
     if not _room(count, nfree, high, new):
         return -1, nfree, nfree, high
     fresh = np.empty(new, np.int64)
@@ -257,8 +256,7 @@ def admit_raw(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, 
         fresh[k] = slot
         frames[slot] = rows[k]
     table = np.empty((0, 2), np.int64)
-    mark, nfree, _ = _finish(nxt, refs, old, fresh, count, free, nfree, kept, kept_refs,
-                             kept_count, table, 0)  # fmt: skip
+    mark, nfree, _ = _finish(refs, old, fresh, count, free, nfree, kept_refs, kept_count, table, 0)
     return new, mark, nfree, high
 
 
@@ -269,7 +267,8 @@ def admit_kernel(compress: Any) -> Callable[..., Any]:
     """:func:`admit_raw` for a byte log, with ``compress`` (``LZ4_compress_default``'s ctypes).
 
     The kernel: ``(step, kept, kept_refs, kept_count, rows, count, free, nfree, high, log,
-    table, head, live)`` -> ``(new frames, mark, nfree, high, head, live)``; ``new == -1``
+    table, head, live)`` -> ``(new frames, mark, nfree, high, head, live)`` (``kept``: the
+    tracker's copies, compared and updated: a codec pool's tracker keeps copies); ``new == -1``
     (nothing changed) when the pool or the log lacks room for the worst case.
     """
     got = _ADMIT.get(id(compress))
@@ -283,8 +282,10 @@ def _build_admit(compress: Any) -> Callable[..., Any]:
     def admit(step: Any, kept: Any, kept_refs: Any, kept_count: int, rows: Any, count: Any,
               free: Any, nfree: int, high: int, log: Any, table: Any, head: int,
               live: int) -> Any:  # fmt: skip
-        obs, nxt, refs, old = _words(step, kept)
-        new = plan(obs, nxt, kept, kept_refs, kept_count, -1, refs, rows)
+        s = kept.shape[1]
+        obs, nxt, refs, old = _words(step, s, kept)
+        index = np.arange(s).reshape((1, s))  # the tracker's copy of stream 0: kept[0]
+        new = plan(obs, nxt, kept[0], index, kept_refs, kept_count, -1, refs, rows)
         size = rows.shape[1] * rows.itemsize
         bound = size + size // 255 + 16  # LZ4_compressBound
         if not _room(count, nfree, high, new) or head + new * bound > log.shape[0]:
@@ -299,8 +300,9 @@ def _build_admit(compress: Any) -> Callable[..., Any]:
             table[slot, 1] = n
             head += n
             live += n
-        mark, nfree, live = _finish(nxt, refs, old, fresh, count, free, nfree, kept, kept_refs,
-                                    kept_count, table, live)  # fmt: skip
+        kept[0] = nxt[0]  # a codec pool's tracker keeps copies (see _streams.py)
+        mark, nfree, live = _finish(refs, old, fresh, count, free, nfree, kept_refs, kept_count,
+                                    table, live)  # fmt: skip
         return new, mark, nfree, high, head, live
 
     return admit

@@ -132,6 +132,16 @@ class FramePool:
             self._high += rest
         return out
 
+    def words(self) -> np.ndarray | None:
+        """The raw CPU frames, ``[slots, words]`` of :attr:`word`; ``None``: a codec, device frames.
+
+        A view of the frames as they are now: growth (and a reopen, an unpickled copy) replaces
+        them, so take it at each use and never keep it. Whether it is ``None`` is fixed for the
+        pool's life (its codec and device; only :meth:`close` ends it): ``StreamTracker`` keeps
+        its stacks by reference exactly when it is not (see ``_streams.py``).
+        """
+        return self._words
+
     def acquire(self, refs: np.ndarray) -> None:
         """Add one reference per entry of ``refs`` (in-range slots, any repeats)."""
         _acquire(self._count, refs.reshape(-1))
@@ -158,27 +168,32 @@ class FramePool:
     ) -> int:
         """The frames side of one step of one stream, in one kernel call (CPU frames).
 
-        ``step``: ``(obs, nxt, refs, old)``: the stacks (C-contiguous ``[S, *frame]`` or ``[1, S,
-        words]`` of :attr:`word`), the step's refs ``[1, 2, S]`` (filled here) and the refs (1-D) of
-        the stored step it overwrites. ``kept``, ``kept_refs``, ``kept_count``: a
-        ``StreamTracker``'s arrays, with one stream and no last step; ``rows`` ``[2 * S, words]``
-        scratch. Plans the step, stores its new frames, takes the references of ``refs``, pins the
-        next observation as the tracker's stream 0, then drops ``old`` (after taking slots: a slot
-        it frees is never one of this step's). Returns the free-stack mark :meth:`undrop` takes, or
-        ``-1`` (nothing changed): not here (device frames, a codec without a C compressor, no room
-        without growing), take the general path.
+        ``step``: ``(obs, nxt, both, stored)``: the stacks (C-contiguous ``[S, *frame]`` or ``[1,
+        S, words]`` of :attr:`word`), ``[2, 2, S]`` int64 that gets the step's refs (``both[0]``)
+        and a copy of ``stored`` (``both[1]``, flattened), and the refs of the stored step it
+        overwrites, as stored (C-contiguous ``[2, S]``, or ``[0, S]``: none). ``kept``,
+        ``kept_refs``, ``kept_count``: a ``StreamTracker``'s arrays, with one stream and no last
+        step (raw CPU frames: ``kept`` is unused, the stack is compared where it is stored);
+        ``rows`` ``[2 * S, words]`` scratch. Plans the step, stores its new frames, takes the
+        references of its refs, pins the next observation as the tracker's stream 0, then drops
+        the overwritten refs (after taking slots: a slot they free is never one of this step's).
+        Returns the free-stack mark :meth:`undrop` takes, or ``-1`` (nothing changed): not here
+        (device frames, a codec without a C compressor, no room without growing), take the
+        general path.
         """
-        args = (step, kept, kept_refs, kept_count, rows, self._count, self._free)
         if self.codec is None:
-            if self._words is None:
+            words = self._words
+            if words is None:
                 return -1
-            new, mark, nfree, high = admit_raw(*args, self._nfree, self._high, self._words)
+            counts = (self._count, self._free, self._nfree, self._high)
+            new, mark, nfree, high = admit_raw(step, kept_refs, kept_count, rows, *counts, words)
         else:
             compress = self.codec.compress_c
             if compress is None:
                 return -1
             kernel = admit_kernel(compress)
-            got = kernel(*args, self._nfree, self._high, self._log, self._table, self._head,
+            got = kernel(step, kept, kept_refs, kept_count, rows, self._count, self._free,
+                         self._nfree, self._high, self._log, self._table, self._head,
                          self._live_bytes)  # fmt: skip
             new, mark, nfree, high, self._head, self._live_bytes = got
         if new < 0:

@@ -31,7 +31,6 @@ from rbdata.storages.frames._streams import StreamTracker
 __all__ = ["FrameWriter"]
 
 _NONE = np.zeros(0, np.int64)
-_NONE32 = np.zeros(0, np.int32)
 
 
 class FrameWriter:
@@ -65,6 +64,8 @@ class FrameWriter:
         self.word: Any = pool.word
         words = pool.frame_bytes // np.dtype(pool.word).itemsize
         self._scratch = np.empty((2 * stack, words), pool.word)  # admit_one's new frames
+        self._both = np.empty((2, 2, stack), np.int64)  # admit_one's refs and overwritten refs
+        self._no_row = np.zeros((0, stack), np.int32)  # admit_one's overwritten refs: none
         self._mark = 0  # the pool's free-stack mark of the last admit_one (see undrop)
         self._refs_cache: tuple[torch.Tensor, int, np.ndarray] | None = None
 
@@ -80,15 +81,17 @@ class FrameWriter:
         arr = np.ascontiguousarray(data).view(np.uint8).reshape(n, self.stack, -1)
         return arr.view(self.word)
 
-    def admit_one(self, obs: Any, nxt: Any, old: np.ndarray) -> np.ndarray | None:
+    def admit_one(self, obs: Any, nxt: Any, stored: np.ndarray) -> np.ndarray | None:
         """:meth:`admit` and :meth:`release` of one step of one stream in one kernel call.
 
-        ``obs``, ``nxt``: the step's stacks ``[S, *frame]`` (numpy arrays or tensors). Returns the
-        step's refs ``[1, 2, S]``, its frames stored and ``old`` (the refs of the step it
-        overwrites) already dropped: if the step is then not written,
-        :meth:`undrop` takes them back. ``None`` (nothing changed) where the kernel does not apply:
-        more than one stream followed, device frames, zstd, a pool that must grow. Then
-        :meth:`admit` does it, and :meth:`release` follows the steps' write.
+        ``obs``, ``nxt``: the step's stacks ``[S, *frame]`` (numpy arrays or tensors); ``stored``:
+        the refs of the step it overwrites, as stored (a view ``[2, S]``, or ``[0, S]``: none).
+        Returns ``[2, 2, S]`` int64, this writer's scratch (valid until the next call): the step's
+        refs ``[0]``, its frames stored, and a copy of ``stored`` ``[1]`` (flattened), already
+        dropped: if the step is then not written, :meth:`undrop` takes them back. ``None``
+        (nothing changed) where the kernel does not apply: more than one stream followed, device
+        frames, zstd, a pool that must grow. Then :meth:`admit` does it, and :meth:`release`
+        follows the steps' write.
         """
         tracker = self.tracker
         if tracker.count > 1 or tracker.last >= 0:
@@ -97,14 +100,14 @@ class FrameWriter:
             obs = self.words(obs, 1)
         if not (type(nxt) is np.ndarray and nxt.flags.c_contiguous):
             nxt = self.words(nxt, 1)
-        refs = np.empty((1, 2, self.stack), np.int64)
-        kept, kept_refs, scratch = tracker.data, tracker.refs, self._scratch
-        mark = self.pool.admit_one((obs, nxt, refs, old), kept, kept_refs, tracker.count, scratch)
+        both = self._both
+        step = (obs, nxt, both, stored)
+        mark = self.pool.admit_one(step, tracker.data, tracker.refs, tracker.count, self._scratch)
         if mark < 0:
             return None
         self._mark = mark
         tracker.kept_one()
-        return refs
+        return both
 
     def undrop(self, old: np.ndarray) -> None:
         """Take back the references :meth:`admit_one` dropped (its step was not written)."""
@@ -118,7 +121,7 @@ class FrameWriter:
         """
         pool, tracker = self.pool, self.tracker
         refs = np.empty((obs.shape[0], 2, self.stack), np.int64)
-        frames = tracker.plan(obs, nxt, refs)
+        frames = tracker.plan(obs, nxt, refs, pool)
         fresh = pool.take(frames.shape[0])
         pool.store(fresh, frames)
         pool.settle(refs, fresh, _NONE)  # placeholders resolved, references taken
@@ -183,13 +186,16 @@ class FrameWriter:
         """Write one checked step (numpy leaves in layout order) at ``slot`` of CPU steps."""
         obs_at, next_at, others = self.places
         obs, nxt = values[obs_at], values[next_at]
-        old = self._rows()[slot].flatten() if slot < length else _NONE32  # a copy
-        refs = self.admit_one(obs, nxt, old)  # old dropped too (undone if the write fails)
+        stored = self._rows()[slot] if slot < length else self._no_row  # a view
+        both = self.admit_one(obs, nxt, stored)  # old dropped too (undone if the write fails)
         late = None
-        if refs is None:
-            refs, late = self.admit(self.words(obs, 1), self.words(nxt, 1)), old
+        if both is not None:
+            refs = both[0]
+        else:
+            late = stored.flatten()  # a copy, released after the steps' write
+            refs = self.admit(self.words(obs, 1), self.words(nxt, 1))[0]
         rows = [values[i] for i in others]
-        rows.append(refs[0])  # cast to int32 by the row assignment
+        rows.append(refs)  # cast to int32 by the row assignment
         steps = self._steps
         try:
             if not steps.write_row(slot, rows):  # e.g. the steps' views were dropped
@@ -197,8 +203,8 @@ class FrameWriter:
                 payload[-1] = payload[-1].to(torch.int32)
                 steps.commit(WriteTarget.one(slot), Prepared(payload, 1, None, False))
         except BaseException:  # the step was not written: the old one keeps its frames
-            if late is None:
-                self.undrop(old)
+            if late is None:  # the kernel's copy of the dropped refs
+                self.undrop(both[1].reshape(-1)[: stored.size])  # type: ignore[index]
             self.release(refs)
             raise
         if late is not None:

@@ -217,8 +217,7 @@ class FrameStackStorage(Storage):
         self._dir.fix_layout(layout)  # frames.json names the layout before any frame file
         files = self._dir.files
         self._pool = FramePool(frame_shape, dtype, slots, self._codec, self.device, files)
-        word = self._pool.word
-        self._tracker = StreamTracker(self._stack, self._pool.frame_bytes // word().itemsize, word)
+        self._tracker = StreamTracker(self._stack, self._pool)
         self._new_writer()
         self._bind_fast(layout)
 

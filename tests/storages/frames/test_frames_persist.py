@@ -9,11 +9,14 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 from _frames_data import rollout
+from tensordict import TensorDict
 from test_frames import CODECS, assert_no_leak, assert_same, reference_after
 
 from rbdata import ReplayBuffer
@@ -294,3 +297,78 @@ def test_hooks_called_directly(tmp_path: Path, on_disk: bool) -> None:
         FrameStackStorage.check_dump(directory, {**config, "stack": 3}, state, meta_file)
     restored.close()
     storage.close()
+
+
+@pytest.mark.parametrize("between", ["nothing", "pickle", "reopen"])
+@pytest.mark.parametrize("codec", CODECS)
+def test_a_batch_matches_the_stack_pinned_now_not_one_pinned_before(
+    tmp_path: Path, codec, between: str
+) -> None:
+    """Per-step adds, then a batch whose first stack was pinned before them, not now.
+
+    The per-step kernel and the general plan keep the writer's stacks one way (by reference in
+    raw CPU frames, else by copy; ``_streams.py``): were the kept stacks stale for one of them
+    (a copy the other path does not update), this batch would match the slots pinned now and
+    read back the wrong stack. Fresh stacks grow the pool; a pickle or a reopen in between.
+    """
+    rng = np.random.default_rng(11)
+    stack, frame, capacity = 4, (6, 5), 100
+    path = tmp_path / "frames" if between == "reopen" else None
+    storage, ref = (
+        FrameStackStorage(capacity, stack, codec=codec, path=path),
+        TensorStorage(capacity),
+    )
+    rb, rb_ref = ReplayBuffer(storage), ReplayBuffer(ref)
+
+    def frames(n: int) -> np.ndarray:
+        return rng.integers(0, 4, (n, *frame), dtype=np.uint8)
+
+    def then(obs: np.ndarray) -> np.ndarray:
+        return np.concatenate([obs[1:], frames(1)])
+
+    def write(obs: np.ndarray, nxt: np.ndarray) -> None:  # [S, *frame]: add; [n, S, ...]: extend
+        item = {
+            "observation": torch.from_numpy(obs),
+            "next": {"observation": torch.from_numpy(nxt)},
+        }
+        if obs.ndim == 3:
+            rb.add({"observation": obs, "next": {"observation": nxt}})
+            rb_ref.add(item)
+        else:
+            batch = TensorDict(item, [obs.shape[0]])
+            rb.extend(batch)
+            rb_ref.extend(batch.clone())
+
+    def again() -> None:  # the storage pickled or reopened, and written on
+        nonlocal storage, rb, rb_ref
+        if between == "pickle":
+            storage = pickle.loads(pickle.dumps(storage))
+        elif between == "reopen":
+            storage.close()
+            storage = FrameStackStorage.open(path)
+        rb, rb_ref = ReplayBuffer(storage), ReplayBuffer(ref)
+
+    for r in range(12):
+        for _ in range(32):  # unrelated stacks, per step: the pool grows (on the general path)
+            write(frames(stack), frames(stack))
+        obs = frames(stack)
+        last = np.stack([then(obs), frames(stack)])
+        write(np.stack([obs, last[0]]), last)  # a batch of two: the general path, a last step
+        stale = then(last[1])
+        write(last[1], stale)  # continuing the batch, one step: the general path pins ``stale``
+        if r % 4 == 3:
+            again()
+        obs = stale
+        for _ in range(1 + r % 3):  # per-step adds: the kernel pins their next observations
+            nxt = then(obs)
+            write(obs, nxt)
+            obs = nxt if rng.integers(3) else frames(stack)  # continuing, or fresh frames
+        if r % 4 == 1:
+            again()
+        if r % 2:  # and a step that continues the one pinned now, on the per-step path
+            write(obs, then(obs))
+        batch = np.stack([stale, then(stale), frames(stack)])  # starts as ``stale`` did
+        write(batch, np.stack([then(b) for b in batch]))
+        assert_same(storage, ref)
+    assert_no_leak(storage)
+    assert storage._pool.slots > capacity + capacity // 64 + 2 * stack * 66  # it grew
