@@ -11,10 +11,10 @@ help and ``rbdata datasets list`` start in a fraction of torch's import time.
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from rbdata import errors
+from rbdata._core.lazy import lazy_names
 from rbdata.errors import EmptyBufferError, MissingExtraError, ReadOnlyError, StorageInUseError
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
@@ -113,16 +113,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import a lazy name on first use (PEP 562); it is a plain attribute afterwards."""
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'rbdata' has no attribute {name!r}")
-    module = importlib.import_module(module_name)
-    value = module if module_name == f"rbdata.{name}" else getattr(module, name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

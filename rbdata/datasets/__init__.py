@@ -15,9 +15,9 @@ report and returns the exit status. The command functions import no torch; the d
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from rbdata._core.lazy import lazy_names
 from rbdata.datasets import _cache
 from rbdata.datasets._cache import cache_root, family_backend, read_entry
 from rbdata.datasets._catalog import D4RLEntry, d4rl_entry
@@ -77,23 +77,12 @@ STORAGE_DIR = _cache.STORAGE_DIR
 
 #: the dataset classes (they import torch) → their modules, imported on first use
 _LAZY = {
-    "AtariDQN": "atari",
-    "D4RL": "d4rl",
-    "Minari": "minari",
-    "OGBench": "ogbench",
-    "OfflineDataset": "base",
+    "AtariDQN": "rbdata.datasets.atari",
+    "D4RL": "rbdata.datasets.d4rl",
+    "Minari": "rbdata.datasets.minari",
+    "OGBench": "rbdata.datasets.ogbench",
+    "OfflineDataset": "rbdata.datasets.base",
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import a dataset class on first use (PEP 562); a plain attribute afterwards."""
-    module = _LAZY.get(name)
-    if module is None:
-        raise AttributeError(f"module 'rbdata.datasets' has no attribute {name!r}")
-    value = getattr(importlib.import_module(f"rbdata.datasets.{module}"), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

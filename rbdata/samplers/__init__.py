@@ -6,8 +6,9 @@ rbdata.samplers.saved`` (what ``rbdata inspect`` shows of a saved sampler) impor
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rbdata._core.lazy import lazy_names
 
 if TYPE_CHECKING:  # what the lazy names below are, for type checkers
     from rbdata.samplers.base import BatchSampler, Sampler
@@ -45,15 +46,4 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str) -> Any:
-    """Import a lazy name on first use (PEP 562); it is a plain attribute afterwards."""
-    module_name = _LAZY.get(name)
-    if module_name is None:
-        raise AttributeError(f"module 'rbdata.samplers' has no attribute {name!r}")
-    value = getattr(importlib.import_module(module_name), name)
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(__name__, _LAZY, globals())

@@ -35,6 +35,9 @@ flat uniform draw, and the storage stays an ordinary rbdata dataset of transitio
 ``docs/compat.md``.
 """
 
+from typing import TYPE_CHECKING
+
+from rbdata._core.lazy import lazy_names
 from rbdata.compat.sb3._buffer import (
     DictReplayBuffer,
     DictReplayBufferSamples,
@@ -43,6 +46,9 @@ from rbdata.compat.sb3._buffer import (
 )
 from rbdata.compat.sb3._prioritized import PrioritizedReplayBuffer, PrioritizedReplayBufferSamples
 from rbdata.compat.sb3._register import register_if_loaded, register_with_sb3
+
+if TYPE_CHECKING:  # imports stable-baselines3: on first use (below)
+    from rbdata.compat.sb3._dqn import PrioritizedDQN
 
 __all__ = [
     "DictReplayBuffer",
@@ -56,18 +62,6 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    """``PrioritizedDQN``, imported on first use (it imports stable-baselines3)."""
-    if name == "PrioritizedDQN":
-        from rbdata.compat.sb3._dqn import PrioritizedDQN
-
-        return PrioritizedDQN
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
-
-def __dir__() -> list[str]:
-    """The module's names, ``PrioritizedDQN`` included (not imported until used)."""
-    return sorted({*globals(), "PrioritizedDQN"})
-
+__getattr__, __dir__ = lazy_names(__name__, {"PrioritizedDQN": "rbdata.compat.sb3._dqn"}, globals())
 
 register_if_loaded()  # SB3 imported first: its isinstance checks accept ours from now on

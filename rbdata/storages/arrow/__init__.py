@@ -22,8 +22,9 @@ The name below is imported on first use: ``rbdata inspect`` imports ``_meta`` al
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rbdata._core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from rbdata.storages.arrow.storage import ArrowStorage
@@ -31,14 +32,6 @@ if TYPE_CHECKING:
 __all__ = ["ArrowStorage"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import :class:`ArrowStorage` on first use (PEP 562)."""
-    if name != "ArrowStorage":
-        raise AttributeError(f"module 'rbdata.storages.arrow' has no attribute {name!r}")
-    value = importlib.import_module("rbdata.storages.arrow.storage").ArrowStorage
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(
+    __name__, {"ArrowStorage": "rbdata.storages.arrow.storage"}, globals()
+)

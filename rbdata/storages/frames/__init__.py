@@ -6,8 +6,9 @@ The name below is imported on first use: ``rbdata inspect`` reads a directory's
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rbdata._core.lazy import lazy_names
 
 if TYPE_CHECKING:
     from rbdata.storages.frames.storage import FrameStackStorage
@@ -15,14 +16,6 @@ if TYPE_CHECKING:
 __all__ = ["FrameStackStorage"]
 
 
-def __getattr__(name: str) -> Any:
-    """Import :class:`FrameStackStorage` on first use (PEP 562)."""
-    if name != "FrameStackStorage":
-        raise AttributeError(f"module 'rbdata.storages.frames' has no attribute {name!r}")
-    value = importlib.import_module("rbdata.storages.frames.storage").FrameStackStorage
-    globals()[name] = value
-    return value
-
-
-def __dir__() -> list[str]:
-    return sorted({*globals(), *__all__})
+__getattr__, __dir__ = lazy_names(
+    __name__, {"FrameStackStorage": "rbdata.storages.frames.storage"}, globals()
+)
