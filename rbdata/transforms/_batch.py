@@ -1,4 +1,4 @@
-"""Batch access and argument checks of :class:`~rbdata.transforms.HindsightRelabel`."""
+"""Batch access and argument checks of the transforms (``HindsightRelabel``, ``NStepReturn``)."""
 
 from __future__ import annotations
 
@@ -11,8 +11,17 @@ from tensordict import TensorDict, TensorDictBase
 
 from rbdata._core.layout import Key
 from rbdata._core.layout.keys import key_name
+from rbdata.errors import MissingKeyError
 
-__all__ = ["check_probs", "check_ratio", "entry_of", "get_entry", "leaf_names", "put_entry"]
+__all__ = [
+    "check_probs",
+    "check_ratio",
+    "entry_of",
+    "get_entry",
+    "leaf_names",
+    "put_entry",
+    "sampled_index",
+]
 
 
 def get_entry(batch: TensorDictBase, key: Key) -> Any:
@@ -25,6 +34,26 @@ def get_entry(batch: TensorDictBase, key: Key) -> Any:
             return None
         node = node._tensordict.get(part)
     return node
+
+
+def sampled_index(batch: Any, who: str) -> torch.Tensor:
+    """The storage slot of each item of a sampled batch (its ``"index"``), checked for ``who``.
+
+    Raises:
+        TypeError: ``batch`` is not a TensorDict.
+        MissingKeyError: it has no 1-D ``"index"`` tensor.
+    """
+    if not isinstance(batch, TensorDictBase):
+        raise TypeError(
+            f"{who} needs TensorDict batches (items with nested keys), got {type(batch).__name__}"
+        )
+    index = get_entry(batch, ("index",))
+    if not isinstance(index, torch.Tensor) or index.dim() != 1:
+        raise MissingKeyError(
+            f"{who} needs the batch's 'index' (the storage slot of each item): sample "
+            "through a ReplayBuffer, or add it"
+        )
+    return index
 
 
 def entry_of(entries: dict[str, Any], key: Key) -> tuple[dict[str, Any] | None, Any]:

@@ -20,7 +20,14 @@ from tensordict import TensorDict, TensorDictBase
 from rbdata._core.layout import Key
 from rbdata._core.layout.keys import key_name
 from rbdata.errors import MissingKeyError
-from rbdata.transforms._batch import check_probs, check_ratio, get_entry, leaf_names, put_entry
+from rbdata.transforms._batch import (
+    check_probs,
+    check_ratio,
+    get_entry,
+    leaf_names,
+    put_entry,
+    sampled_index,
+)
 from rbdata.transforms._goals import STRATEGIES, goal_draw, uniforms
 from rbdata.transforms._relabel_cpu import CpuRelabel, blend_rewards
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
@@ -268,17 +275,7 @@ class HindsightRelabel:
             batch, self._her_ratio, self.reward_fn
         ):
             return batch  # the CPU fast path did the whole batch
-        if not isinstance(batch, TensorDictBase):
-            raise TypeError(
-                "HindsightRelabel needs TensorDict batches (items with nested keys), got "
-                f"{type(batch).__name__}"
-            )
-        index = get_entry(batch, ("index",))
-        if not isinstance(index, torch.Tensor) or index.dim() != 1:
-            raise MissingKeyError(
-                "HindsightRelabel needs the batch's 'index' (the storage slot of each item): "
-                "sample through a ReplayBuffer, or add it"
-            )
+        index = sampled_index(batch, "HindsightRelabel")
         achieved = get_entry(batch, self.goal_key)
         if not isinstance(achieved, torch.Tensor):
             raise MissingKeyError(

@@ -22,7 +22,7 @@ from tensordict import TensorDict, TensorDictBase
 from rbdata._core.layout import Key, flatten
 from rbdata._core.layout.keys import key_name
 from rbdata.errors import MissingKeyError
-from rbdata.transforms._batch import get_entry, leaf_names, put_entry
+from rbdata.transforms._batch import get_entry, leaf_names, put_entry, sampled_index
 from rbdata.transforms._nstep_cpu import CpuNStep
 from rbdata.transforms.episodes import EpisodeIndex, as_key, read_column
 
@@ -267,17 +267,7 @@ class NStepReturn:
 
     def _apply(self, batch: Any) -> Any:
         """The general path (any storage, device and batch): the reference of the CPU path."""
-        if not isinstance(batch, TensorDictBase):
-            raise TypeError(
-                "NStepReturn needs TensorDict batches (items with nested keys), got "
-                f"{type(batch).__name__}"
-            )
-        index = get_entry(batch, ("index",))
-        if not isinstance(index, torch.Tensor) or index.dim() != 1:
-            raise MissingKeyError(
-                "NStepReturn needs the batch's 'index' (the storage slot of each item): "
-                "sample through a ReplayBuffer, or add it"
-            )
+        index = sampled_index(batch, "NStepReturn")
         reward = self._entry(batch, self.reward_key, "reward_key")
         done = self._entry(batch, self.done_key, "done_key")
         size = index.shape[0]
