@@ -27,30 +27,15 @@ from rbdata._core.layout import Layout
 from rbdata.errors import CheckpointError
 from rbdata.storages.base import Storage
 from rbdata.storages.memmap._header import encode_header
-from rbdata.storages.memmap._meta import (
-    FORMAT,
-    HEADER_FILE,
-    JOURNAL_FILE,
-    LAYOUT_FILE,
-    VERSION,
-    read_layout,
-    storage_id,
-)
+from rbdata.storages.memmap._meta import FORMAT, HEADER_FILE, LAYOUT_FILE, VERSION
 from rbdata.storages.memmap._meta import check_meta as check_layout_meta
 from rbdata.storages.memmap._rawfile import trailer
 
 __all__ = [
-    "FORMAT",
-    "HEADER_FILE",
-    "JOURNAL_FILE",
-    "LAYOUT_FILE",
-    "VERSION",
     "DirectoryWriter",
     "check_counts",
     "check_meta",
     "layout_meta",
-    "read_layout",
-    "storage_id",
     "TensorSource",
     "write_directory",
 ]

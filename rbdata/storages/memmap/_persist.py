@@ -20,12 +20,8 @@ from rbdata._core.checked import read_json
 from rbdata._core.checksum import entry, file_entry, submit_tensor_crc
 from rbdata.errors import CheckpointError
 from rbdata.storages.base import storage_kind
-from rbdata.storages.memmap._directory import (
-    LAYOUT_FILE,
-    TensorSource,
-    check_counts,
-    write_directory,
-)
+from rbdata.storages.memmap._directory import TensorSource, check_counts, write_directory
+from rbdata.storages.memmap._meta import LAYOUT_FILE
 
 __all__ = [
     "dump_tensors",

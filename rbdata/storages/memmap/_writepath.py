@@ -23,10 +23,10 @@ from rbdata._core.index import ring_runs
 from rbdata._core.layout import Layout
 from rbdata.storages._target import WriteTarget
 from rbdata.storages._unpack import numpy_views
-from rbdata.storages.memmap._directory import JOURNAL_FILE
 from rbdata.storages.memmap._header import Header
 from rbdata.storages.memmap._journal import Journal
 from rbdata.storages.memmap._journal_format import Plan
+from rbdata.storages.memmap._meta import JOURNAL_FILE
 from rbdata.storages.memmap._packed import PackedRow
 from rbdata.storages.memmap._shared import Sharing
 

@@ -61,19 +61,17 @@ from rbdata.storages import _memory
 from rbdata.storages._persist import check_config
 from rbdata.storages._target import WriteTarget
 from rbdata.storages.base import Prepared, SavedStorage, Storage
-from rbdata.storages.memmap._directory import (
-    HEADER_FILE,
-    JOURNAL_FILE,
-    LAYOUT_FILE,
-    check_counts,
-    check_meta,
-    layout_meta,
-    read_layout,
-    storage_id,
-)
+from rbdata.storages.memmap._directory import check_counts, check_meta, layout_meta
 from rbdata.storages.memmap._header import Header
 from rbdata.storages.memmap._journal import Journal, read_orphan
 from rbdata.storages.memmap._journal_format import Plan
+from rbdata.storages.memmap._meta import (
+    HEADER_FILE,
+    JOURNAL_FILE,
+    LAYOUT_FILE,
+    read_layout,
+    storage_id,
+)
 from rbdata.storages.memmap._rawfile import DataFiles
 from rbdata.storages.memmap._shared import SHARED_FILE, SharedState, Sharing
 from rbdata.storages.memmap._versions import consistent_rows
