@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from rbdata._core.files import check_dir, inside, open_nofollow
+from rbdata._core.files import check_dir, inside
 from rbdata._core.layout import RAGGED, STRING, TENSOR, Layout, Leaf
 from rbdata.storages.arrow._meta import (
     FORMAT,
@@ -32,6 +32,7 @@ from rbdata.storages.arrow._meta import (
     check_ragged,
     chunk_file,
     parse_meta,
+    read_meta,
 )
 from rbdata.storages.arrow._meta import check_meta as check_spec_meta
 
@@ -186,11 +187,7 @@ def read_dir(path: str | os.PathLike[str]) -> tuple[Path, dict[str, Any], list[P
     meta_file = inside(root, META_FILE, "metadata file")
     if not meta_file.is_file():
         raise FileNotFoundError(f"{str(root)!r} is not a ArrowStorage: no {META_FILE}")
-    with open_nofollow(meta_file, "rb") as f:
-        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
-            raise ValueError(f"{meta_file}: too large for a metadata file")
-        raw = f.read()
-    meta = check_meta(parse_meta(raw, meta_file), meta_file, FORMAT, VERSION)
+    meta = check_meta(read_meta(meta_file), meta_file, FORMAT, VERSION)
     length, cs = meta["length"], meta["chunk_size"]
     needed = -(-length // cs)
     # the metadata's sizes against the files present, before anything is allocated

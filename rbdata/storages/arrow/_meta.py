@@ -31,6 +31,7 @@ __all__ = [
     "chunk_file",
     "describe_dir",
     "parse_meta",
+    "read_meta",
 ]
 
 #: the metadata file of an Arrow storage directory
@@ -180,15 +181,28 @@ def chunk_file(k: int) -> str:
     return f"chunk-{k:06d}.arrow"
 
 
+def read_meta(file: Path) -> Any:
+    """The metadata file ``file`` (``_rbdata.json``, not followed if a symlink), parsed.
+
+    Its fields are left to the caller's ``check_meta`` (this module's, or the one that also
+    builds the layout).
+
+    Raises:
+        ValueError: a file too large for metadata, or not JSON (:func:`parse_meta`).
+    """
+    with open_nofollow(file, "rb") as f:
+        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
+            raise ValueError(f"{file}: too large for a metadata file")
+        raw = f.read()
+    return parse_meta(raw, file)
+
+
 def describe_dir(root: Path) -> tuple[StorageInfo, list[str]]:
     """``_rbdata.json`` checked as :meth:`ArrowStorage.open` checks it; chunk files by size."""
     file = inside(root, META_FILE, "metadata file")
     if not file.is_file():
         raise FileNotFoundError(f"{str(root)!r} is not an ArrowStorage: no {META_FILE}")
-    with open_nofollow(file, "rb") as f:
-        if os.fstat(f.fileno()).st_size > MAX_META_BYTES:
-            raise ValueError(f"{file}: too large for a metadata file")
-        meta = check_meta(parse_meta(f.read(), file), file, FORMAT, VERSION)
+    meta = check_meta(read_meta(file), file, FORMAT, VERSION)
     length, chunk = meta["length"], meta["chunk_size"]
     problems = [
         f"{chunk_file(k)}: missing; the metadata says {min(chunk, length - k * chunk)} rows"
