@@ -12,9 +12,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from _cli import one_error_line, run
 from _paths import ROOT_DIR
 
-from rbdata.cli import main
 from rbdata.datasets._commands import DatasetRef, parse_id
 from tests._atari_dqn_files import reference, serve_ranges, write_run
 
@@ -37,20 +37,6 @@ def mirror(tmp_path: Path, home: Path, monkeypatch: pytest.MonkeyPatch) -> Itera
     with serve_ranges(files) as (url, requests):
         monkeypatch.setenv("RBDATA_ATARI_DQN_MIRROR", url)
         yield {"url": url, "dir": files, "requests": requests}
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(["datasets", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("rbdata:")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("rbdata: error: "), err
-    return lines[0]
 
 
 def rows(out: str) -> list[list[str]]:

@@ -20,6 +20,7 @@ from typing import Any
 import h5py
 import numpy as np
 import pytest
+from _cli import one_error_line, run
 
 from rbdata._core.resources import catalog_path
 from rbdata.cli import main
@@ -74,21 +75,6 @@ def home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 def mirror(served: tuple[str, str], home: Path, monkeypatch: pytest.MonkeyPatch) -> str:
     monkeypatch.setenv("RBDATA_D4RL_MIRROR", served[0])
     return served[1]
-
-
-def run(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
-    code = main(["datasets", *argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def one_error_line(err: str) -> str:
-    """The single ``rbdata: error:`` line of stderr (tqdm bars aside), checked."""
-    assert "Traceback" not in err
-    lines = [line for line in err.splitlines() if line.startswith("rbdata:")]
-    assert len(lines) == 1, err
-    assert lines[0].startswith("rbdata: error: "), err
-    return lines[0]
 
 
 def d4rl_rows(out: str) -> list[str]:

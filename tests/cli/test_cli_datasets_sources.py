@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from test_cli_datasets import one_error_line, run
+from _cli import one_error_line, run
 
 from rbdata.cli import main
 from tests._d4rl_files import write_d4rl_file
