@@ -17,6 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
+from _dataset_rows import assert_rows
 from _paths import ROOT_DIR
 from torch.utils.data import DataLoader
 
@@ -59,16 +60,8 @@ def _all(ds: OfflineDataset) -> Any:
 
 
 def _check_rows(ds: OfflineDataset, arrays: dict[str, np.ndarray]) -> None:
-    expected = reference_rows(arrays)
-    batch = _all(ds)
-    keys = {tuple(k) if isinstance(k, tuple) else (k,) for k in batch.keys(True, True)}
-    assert keys == set(expected[0]), keys ^ set(expected[0])
-    for key in expected[0]:
-        column = np.stack([row[key] for row in expected])
-        got = batch[key].numpy()
-        assert got.dtype == column.dtype, (key, got.dtype, column.dtype)
-        assert got.shape == column.shape, (key, got.shape, column.shape)
-        assert np.array_equal(got, column), key
+    """Every key, dtype, shape and value of ``ds`` against the per-row reference."""
+    assert_rows(ds, reference_rows(arrays))
 
 
 # --- exact data ------------------------------------------------------------------------------
